@@ -1,0 +1,288 @@
+"""Precision plugins shared by the reference strategies (SPEC.md PREC-1..4, CFG-7).
+
+A plugin says, for one precision mode, which dtype modules are created in, how inputs are
+converted, what runs around the forward pass, which FSDP1 ``MixedPrecision`` / FSDP2
+``MixedPrecisionPolicy`` applies, and how ``backward`` and the optimizer step go (through a
+sharded gradient scaler for ``16-mixed``). Strategies get one through
+:func:`resolve_precision` and call :meth:`Precision.bind_device` once the rank's device is known.
+
+The five modes:
+
+===============  ==================  =================  ==================================
+mode             parameters stored   forward compute    gradient reduction
+===============  ==================  =================  ==================================
+``32-true``      float32             float32            float32
+``16-true``      float16             float16            float16
+``bf16-true``    bfloat16            bfloat16           bfloat16
+``16-mixed``     float32             float16 (autocast)  float16, with a ShardedGradScaler
+``bf16-mixed``   float32             bfloat16 (autocast) bfloat16
+===============  ==================  =================  ==================================
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Generator, Mapping
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.optim import Optimizer
+
+__all__ = [
+    "PRECISION_MODES",
+    "BF16MixedPrecision",
+    "BF16TruePrecision",
+    "FP16MixedPrecision",
+    "FP16TruePrecision",
+    "FP32Precision",
+    "Precision",
+    "resolve_precision",
+]
+
+PRECISION_MODES = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Generator[None, None, None]:
+    """Make ``dtype`` the default floating dtype inside the block; restore it on exit."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _cast_floating(data: Any, dtype: torch.dtype) -> Any:
+    """Cast every floating-point tensor in a (nested) collection to ``dtype``."""
+    if isinstance(data, Tensor):
+        return data.to(dtype) if torch.is_floating_point(data) else data
+    if isinstance(data, Mapping):
+        return type(data)({k: _cast_floating(v, dtype) for k, v in data.items()})  # type: ignore[call-arg]
+    if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
+        return type(data)(*(_cast_floating(v, dtype) for v in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(_cast_floating(v, dtype) for v in data)
+    return data
+
+
+class Precision:
+    """Base precision plugin: the ``32-true`` behaviour, parametrized by dtypes.
+
+    Subclasses only set class attributes; strategies use the methods.
+
+    Attributes:
+        name: the mode's string (one of :data:`PRECISION_MODES`).
+        param_dtype: dtype that parameters are created and stored in (``module_init_context``).
+        compute_dtype: dtype of the forward computation and of gradient reduction.
+        device_type: device type the plugin was bound to (``"cpu"`` until ``bind_device``).
+    """
+
+    name: str = "32-true"
+    param_dtype: torch.dtype = torch.float32
+    compute_dtype: torch.dtype = torch.float32
+
+    def __init__(self) -> None:
+        self.device_type: str = "cpu"
+        self._scaler: ShardedGradScaler | None = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+    @property
+    def is_mixed(self) -> bool:
+        """Whether master parameters stay float32 while compute runs in a lower dtype."""
+        return self.param_dtype != self.compute_dtype
+
+    def bind_device(self, device: torch.device) -> None:
+        """Tell the plugin the rank's device (called by ``setup_environment``).
+
+        Args:
+            device: the strategy's root device; its type selects the autocast device type and
+                the device of the gradient scaler (``16-mixed``), CPU included.
+        """
+        self.device_type = torch.device(device).type
+
+    @property
+    def scaler(self) -> ShardedGradScaler | None:
+        """The gradient scaler (``16-mixed`` only), else ``None``."""
+        return self._scaler
+
+    def module_init_context(self) -> AbstractContextManager[None]:
+        """Context in which modules are created: the default dtype is ``param_dtype``."""
+        if self.param_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return _default_dtype(self.param_dtype)
+
+    def forward_context(self) -> AbstractContextManager[Any]:
+        """Context to run the forward pass (and the loss) in."""
+        return self.module_init_context()
+
+    def convert_input(self, data: Any) -> Any:
+        """Cast floating-point tensors in ``data`` to the dtype the module expects."""
+        return _cast_floating(data, self.param_dtype)
+
+    def mixed_precision_config(self) -> MixedPrecision | None:
+        """FSDP1 ``MixedPrecision`` for this mode, or ``None`` when none is needed.
+
+        True modes need none: parameters already live in the compute dtype.
+        """
+        return None
+
+    def mixed_precision_policy(self) -> MixedPrecisionPolicy | None:
+        """FSDP2 ``MixedPrecisionPolicy`` a ``parallelize_fn`` may pass to ``fully_shard``."""
+        return None
+
+    def backward(self, tensor: Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
+        """Run ``tensor.backward(*args, **kwargs)``, scaling it first when a scaler is used.
+
+        Args:
+            tensor: the loss.
+            module: the module the loss came from (unused here; part of the strategy API).
+            *args: passed to ``Tensor.backward``.
+            **kwargs: passed to ``Tensor.backward``.
+        """
+        if self._scaler is not None:
+            tensor = self._scaler.scale(tensor)
+        tensor.backward(*args, **kwargs)
+
+    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
+        """Step ``optimizer`` (through the scaler, which skips steps with inf/nan gradients)."""
+        if self._scaler is None:
+            return optimizer.step(**kwargs)
+        result = self._scaler.step(optimizer, **kwargs)
+        self._scaler.update()
+        return result
+
+    def unscale_gradients(self, optimizer: Optimizer) -> None:
+        """Divide the gradients of ``optimizer`` by the loss scale (no-op without a scaler)."""
+        if self._scaler is not None:
+            self._scaler.unscale_(optimizer)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The scaler's state (empty without a scaler)."""
+        return {} if self._scaler is None else self._scaler.state_dict()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        if self._scaler is not None and state_dict:
+            self._scaler.load_state_dict(dict(state_dict))
+
+    def teardown(self) -> None:
+        """Release what the plugin holds (nothing for most modes)."""
+
+
+class FP32Precision(Precision):
+    """``32-true``: everything in float32 (PREC-1)."""
+
+
+class _TruePrecision(Precision):
+    """Low-precision parameters, compute and optimizer state (PREC-3)."""
+
+    def forward_context(self) -> AbstractContextManager[Any]:
+        return _default_dtype(self.param_dtype)
+
+
+class FP16TruePrecision(_TruePrecision):
+    """``16-true``: parameters, compute and optimizer state in float16."""
+
+    name = "16-true"
+    param_dtype = torch.float16
+    compute_dtype = torch.float16
+
+
+class BF16TruePrecision(_TruePrecision):
+    """``bf16-true``: parameters, compute and optimizer state in bfloat16."""
+
+    name = "bf16-true"
+    param_dtype = torch.bfloat16
+    compute_dtype = torch.bfloat16
+
+
+class _MixedPrecision(Precision):
+    """float32 master parameters; forward and gradient reduction in ``compute_dtype`` (PREC-2)."""
+
+    def forward_context(self) -> AbstractContextManager[Any]:
+        return torch.autocast(device_type=self.device_type, dtype=self.compute_dtype)
+
+    def mixed_precision_config(self) -> MixedPrecision | None:
+        return MixedPrecision(
+            param_dtype=self.compute_dtype,
+            reduce_dtype=self.compute_dtype,
+            buffer_dtype=self.compute_dtype,
+        )
+
+    def mixed_precision_policy(self) -> MixedPrecisionPolicy | None:
+        return MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=self.compute_dtype)
+
+
+class FP16MixedPrecision(_MixedPrecision):
+    """``16-mixed``: float16 compute with a ``ShardedGradScaler`` on the rank's device type.
+
+    The scaler all-reduces its inf/nan flag over the world, so when any rank sees a
+    non-finite gradient every rank skips the step and backs the scale off.
+    """
+
+    name = "16-mixed"
+    compute_dtype = torch.float16
+
+    def bind_device(self, device: torch.device) -> None:
+        super().bind_device(device)
+        if self._scaler is None:
+            self._scaler = ShardedGradScaler(device=self.device_type)
+
+    def teardown(self) -> None:
+        self._scaler = None
+
+
+class BF16MixedPrecision(_MixedPrecision):
+    """``bf16-mixed``: bfloat16 compute, float32 master parameters; no scaler needed."""
+
+    name = "bf16-mixed"
+    compute_dtype = torch.bfloat16
+
+
+_PLUGINS: dict[str, type[Precision]] = {
+    cls.name: cls
+    for cls in (
+        FP32Precision,
+        FP16TruePrecision,
+        BF16TruePrecision,
+        FP16MixedPrecision,
+        BF16MixedPrecision,
+    )
+}
+
+
+def resolve_precision(value: str | Precision | None) -> Precision:
+    """Turn a precision string (or plugin) into a plugin instance (CFG-7).
+
+    Args:
+        value: one of ``"32-true"``, ``"16-true"``, ``"bf16-true"``, ``"16-mixed"``,
+            ``"bf16-mixed"``; a :class:`Precision` instance (returned as is); or ``None``
+            for ``"32-true"``.
+
+    Raises:
+        ValueError: an unknown precision string.
+        TypeError: any other kind of object.
+    """
+    if value is None:
+        return FP32Precision()
+    if isinstance(value, Precision):
+        return value
+    if isinstance(value, str):
+        cls = _PLUGINS.get(value)
+        if cls is None:
+            raise ValueError(
+                f"precision={value!r} is not supported; use one of {', '.join(PRECISION_MODES)} "
+                "(or a reference_impl.precision.Precision instance)."
+            )
+        return cls()
+    raise TypeError(
+        f"precision={value!r} (type {type(value).__name__}) is not supported; pass one of the "
+        f"strings {', '.join(PRECISION_MODES)} or a reference_impl.precision.Precision instance."
+    )

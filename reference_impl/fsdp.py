@@ -227,11 +227,12 @@ class FSDPStrategy(ShardedStrategyBase):
             materializer = MetaMaterializer(module, self.root_device)
             kwargs["param_init_fn"] = materializer
         kwargs.setdefault("device_id", self.root_device)
-        if self.device_mesh is not None:
+        strategy = self._effective_sharding_strategy()
+        if self.device_mesh is not None and strategy in HYBRID_STRATEGIES:
             kwargs["device_mesh"] = self.device_mesh
         wrapped = FSDP(
             module,
-            sharding_strategy=self.sharding_strategy,
+            sharding_strategy=strategy,
             cpu_offload=self.cpu_offload,
             auto_wrap_policy=policy,
             mixed_precision=self.mixed_precision_config,
@@ -240,6 +241,29 @@ class FSDPStrategy(ShardedStrategyBase):
         if materializer is not None:
             materializer.warn_missing_reset()
         return wrapped
+
+    def _effective_sharding_strategy(self) -> ShardingStrategy:
+        """The strategy handed to FSDP: hybrid on a shard dimension of 1 becomes NO_SHARD.
+
+        [Note: hybrid with shard size 1] On a ``(replicate, 1)`` mesh torch's FSDP1 falls back
+        to NO_SHARD *within the size-1 shard group* and then never all-reduces across the
+        replicate dimension, so every rank trains on its own batch alone (measured with torch
+        2.13: gathered parameters differ between ranks after one step). Shard size 1 means
+        plain replication, which is exactly NO_SHARD over the whole world; say so and use it.
+        """
+        mesh = self.device_mesh
+        if self.sharding_strategy in HYBRID_STRATEGIES and mesh is not None and mesh.ndim == 2:
+            if mesh.size(1) == 1:
+                warnings.warn(
+                    f"sharding_strategy={self.sharding_strategy.name} on a device mesh with a "
+                    f"shard dimension of 1 ({tuple(mesh.shape)}) is plain replication; using "
+                    "NO_SHARD over the whole world (torch's FSDP would otherwise skip the "
+                    "gradient all-reduce across replicas).",
+                    UserWarning,
+                    stacklevel=3,
+                )
+                return ShardingStrategy.NO_SHARD
+        return self.sharding_strategy
 
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         """Check that ``optimizer`` steps parameters of a set-up module and return it."""

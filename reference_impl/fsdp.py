@@ -25,6 +25,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.optim import Optimizer
+from typing_extensions import override
 
 from reference_impl.base import DEFAULT_TIMEOUT, ShardedStrategyBase
 from reference_impl.fsdp_clip import fsdp_grad_norm
@@ -197,8 +198,16 @@ class FSDPStrategy(ShardedStrategyBase):
             self._keep_buffer_dtypes(wrapped, stored)
         if checkpointed:
             apply_activation_checkpointing(wrapped, checkpointed)
+        wrapped.register_state_dict_pre_hook(lambda root, *_: _reregister_frozen_views(root))
         self._modules.append(wrapped)
         return wrapped
+
+    @override
+    def backward(self, tensor: Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
+        """Backward through the precision plugin, then repair frozen NO_SHARD units."""
+        super().backward(tensor, module, *args, **kwargs)
+        for root in self._modules:
+            _reregister_frozen_views(root)
 
     def _keep_buffer_dtypes(self, wrapped: FSDP, stored: dict[str, torch.dtype]) -> None:
         """PREC-4: state dicts hold buffers at their stored dtype, not the compute dtype.
@@ -354,6 +363,29 @@ class FSDPStrategy(ShardedStrategyBase):
         if isinstance(self._mesh_option, tuple) or self._mesh_option is None:
             self.device_mesh = None
         super().teardown()
+
+
+def _reregister_frozen_views(root: nn.Module) -> None:
+    """Register the parameters of frozen, unsharded FSDP units again after a backward.
+
+    [Note: frozen NO_SHARD units] With ``use_orig_params=True`` FSDP1 exposes a unit's
+    original parameters as plain tensor views during forward and registers them as
+    parameters again in its post-backward hook. That hook never fires for a unit whose
+    parameters are all frozen, and for an unsharded unit (NO_SHARD) nothing else restores
+    them: after one training step the frozen parameters vanish from ``named_parameters()``
+    and the full state dict fails with "FSDP assumes <name> is in the state_dict" (torch
+    2.13, measured). Switching such a handle back to its (unsharded) sharded views restores
+    them; the views alias the same storage, so no value changes.
+    """
+    for unit in FSDP.fsdp_modules(root):
+        handle = getattr(unit, "_handle", None)
+        if (
+            handle is not None
+            and handle._use_orig_params
+            and not handle.uses_sharded_strategy
+            and not handle.flat_param.requires_grad
+        ):
+            handle._use_sharded_views()
 
 
 def _clean_name(name: str) -> str:

@@ -210,10 +210,16 @@ class _MixedPrecision(Precision):
         return torch.autocast(device_type=self.device_type, dtype=self.compute_dtype)
 
     def mixed_precision_config(self) -> MixedPrecision | None:
+        # [Note: buffers stay at their stored dtype] FSDP1 casts buffers to buffer_dtype in
+        # place and back for the state dict, so a float32 buffer would lose its low bits at
+        # the first forward and every checkpoint after it would carry the rounded value
+        # (seen in the cross-family round trip, CKPT-RT-6). The precision's buffer dtype is
+        # therefore the stored one (buffer_dtype=None); autocast still computes in the low
+        # dtype (PREC-2, PREC-4).
         return MixedPrecision(
             param_dtype=self.compute_dtype,
             reduce_dtype=self.compute_dtype,
-            buffer_dtype=self.compute_dtype,
+            buffer_dtype=None,
         )
 
     def mixed_precision_policy(self) -> MixedPrecisionPolicy | None:

@@ -1,0 +1,204 @@
+"""Reading and loading the state of several optimizers of one sharded model.
+
+torch reads an FSDP1 optimizer's state per flat parameter and needs every trainable
+parameter of a flat parameter to be stepped by that one optimizer. Trainers often split a
+model's parameters over several optimizers (CKPT-TRAINER-1), and with FSDP1 those may share
+a flat parameter. So for an FSDP1 model with several optimizers we read and load through
+:class:`CombinedOptimizer`, one optimizer's face over all of them, and split the result by
+parameter groups. Other families read each optimizer on its own. (torch's FSDP1 reader
+still needs one state layout per flat parameter: two optimizers of different kinds, say
+Adam and SGD with momentum, cannot split one FSDP1 unit; give each its own unit.)
+
+[Note: optimizers that never stepped] torch initializes the state of an optimizer that
+never stepped (a zero-learning-rate step) before reading it; when saving we undo that, so
+saving never changes training and such an optimizer is saved with an empty ``state``, as
+its own ``state_dict()`` would be.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.optim import Optimizer
+
+from reference_impl.checkpoint.state import finish_optimizer_load, state_dict_options
+
+__all__ = ["CombinedOptimizer", "load_optimizer_states", "read_optimizer_states"]
+
+
+class CombinedOptimizer(Optimizer):
+    """Several optimizers seen as one: their parameter groups (the same dicts) and state.
+
+    Used only to hand torch's FSDP1 state-dict helpers all the optimizers of a model at
+    once. ``step()`` steps each part; :meth:`write_back` copies a loaded state to the parts.
+
+    Args:
+        parts: The optimizers, in order; their groups follow each other in that order.
+    """
+
+    def __init__(self, parts: Sequence[Optimizer]) -> None:
+        self.parts = list(parts)
+        groups = [group for part in self.parts for group in part.param_groups]
+        super().__init__([dict(group) for group in groups], defaults={})
+        self.param_groups = groups  # the parts' own dicts: hyper-parameter edits reach them
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Rebuild the merged state from the parts' states.
+
+        Once any part has state, every trainable parameter without state gets an empty
+        one: torch's FSDP1 reader needs all trainable parameters of a flat parameter in the
+        state (a part may be stateless, e.g. SGD without momentum). :func:`_split` drops
+        the empty states again.
+        """
+        self.state.clear()
+        for part in self.parts:
+            self.state.update(part.state)
+        if self.state:
+            for group in self.param_groups:
+                for param in group["params"]:
+                    if param.requires_grad and param not in self.state:
+                        self.state[param] = {}
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
+        """Step every part (torch does this once to initialize a never-stepped state)."""
+        for part in self.parts:
+            part.step()
+        self.refresh()
+
+    def write_back(self) -> None:
+        """Give each part its share of the loaded groups' hyper-parameters and state."""
+        loaded = iter(self.param_groups)
+        for part in self.parts:
+            for group in part.param_groups:
+                group.update({k: v for k, v in next(loaded).items() if k != "params"})
+            params = [p for group in part.param_groups for p in group["params"]]
+            part.state.clear()
+            part.state.update({p: self.state[p] for p in params if p in self.state})
+
+
+def _combine(module: nn.Module, optimizers: Sequence[Optimizer]) -> bool:
+    return len(optimizers) > 1 and bool(FSDP.fsdp_modules(module))
+
+
+def _split(osd: dict[str, Any], optimizers: Sequence[Optimizer]) -> list[dict[str, Any]]:
+    result, start = [], 0
+    for opt in optimizers:
+        groups = osd["param_groups"][start : start + len(opt.param_groups)]
+        start += len(opt.param_groups)
+        names = {name for group in groups for name in group["params"]}
+        state = {k: v for k, v in osd["state"].items() if k in names and v}
+        result.append({"state": state, "param_groups": groups})
+    return result
+
+
+def _never_stepped(optimizers: Sequence[Optimizer]) -> list[bool]:
+    """Which optimizers have no state on any rank (an FSDP1 rank holding no part of an
+    optimizer's parameters has none of its state, though the optimizer stepped)."""
+    local = [not opt.state for opt in optimizers]
+    if not (dist.is_available() and dist.is_initialized()):
+        return local
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, local)
+    return [all(flags) for flags in zip(*everyone, strict=True)]
+
+
+def read_optimizer_states(
+    module: nn.Module, optimizers: Sequence[Optimizer], *, full: bool, keep_init: bool = False
+) -> list[dict[str, Any]]:
+    """Read optimizers' state dicts keyed by parameter names (a collective).
+
+    Args:
+        module: The sharded model whose parameters the optimizers step.
+        optimizers: Its optimizers.
+        full: True for the gathered state, False for the sharded one.
+        keep_init: Keep the state torch creates for optimizers that never stepped (to read
+            into when loading); by default it is undone (see [Note: optimizers that never
+            stepped]).
+
+    Returns:
+        One ``{"state": {name: ...}, "param_groups": [{..., "params": [names]}]}`` per
+        optimizer (empty dicts on ranks other than 0 when the state is offloaded there).
+    """
+    if not optimizers:
+        return []
+    never_stepped = _never_stepped(optimizers)
+    options = state_dict_options(module, full=full)
+    if _combine(module, optimizers):
+        combined = CombinedOptimizer(optimizers)
+        osd = get_optimizer_state_dict(module, combined, options=options)
+        osds = _split(dict(osd), optimizers) if osd else [{} for _ in optimizers]
+    else:
+        osds = [dict(get_optimizer_state_dict(module, o, options=options)) for o in optimizers]
+    if not keep_init:
+        for opt, osd, fresh in zip(optimizers, osds, never_stepped, strict=True):
+            if fresh:
+                opt.state.clear()
+                if osd:
+                    osd["state"] = {}
+    return osds
+
+
+def optimizer_param_names(module: nn.Module, optimizers: Sequence[Optimizer]) -> list[Any]:
+    """For each optimizer, the names of each of its groups' parameters (a collective)."""
+    osds = read_optimizer_states(module, optimizers, full=False)
+    return [[list(group["params"]) for group in osd["param_groups"]] for osd in osds]
+
+
+def _has_sharded_values(osds: Sequence[dict[str, Any]]) -> bool:
+    return any(
+        isinstance(value, torch.Tensor) and value.dim() > 0
+        for osd in osds
+        for values in osd["state"].values()
+        for value in values.values()
+    )
+
+
+def _load_options(full: bool, osds: Sequence[dict[str, Any]]) -> StateDictOptions:
+    # torch's gathered-state path cannot place state without a tensor to shard (e.g. SGD
+    # without momentum: no state at all); such state is the same on every rank, so it is
+    # loaded as it is.
+    return StateDictOptions(full_state_dict=full and _has_sharded_values(osds), strict=False)
+
+
+def load_optimizer_states(
+    module: nn.Module,
+    optimizers: Sequence[Optimizer],
+    osds: Sequence[dict[str, Any]],
+    *,
+    full: bool,
+) -> None:
+    """Load named optimizer state dicts into optimizers (a collective).
+
+    Args:
+        module: The sharded model.
+        optimizers: The optimizers, matched with ``osds`` by position.
+        osds: Named state dicts whose groups match the optimizers' (checked beforehand).
+        full: Whether the state dicts hold gathered tensors (else sharded ones).
+    """
+    if not optimizers:
+        return
+    if _combine(module, optimizers):
+        combined = CombinedOptimizer(optimizers)
+        merged: dict[str, Any] = {
+            "state": {k: v for osd in osds for k, v in osd["state"].items()},
+            "param_groups": [group for osd in osds for group in osd["param_groups"]],
+        }
+        set_optimizer_state_dict(module, combined, merged, options=_load_options(full, [merged]))
+        combined.write_back()
+    else:
+        for opt, osd in zip(optimizers, osds, strict=True):
+            set_optimizer_state_dict(module, opt, osd, options=_load_options(full, [osd]))
+    for opt, osd in zip(optimizers, osds, strict=True):
+        finish_optimizer_load(module, opt, osd)

@@ -1,0 +1,71 @@
+"""pytest wiring for conformance: clause markers, outcomes, selection, strictness, the report.
+
+Loaded as its own plugin (entry point ``shardcheck_conformance``, or ``-p harness.conformance``).
+Every collected test is a *check* with a stable id (``<suite module>.<test>[<param id>]``) and
+the SPEC.md clauses of its ``@pytest.mark.clause(...)`` markers. Each check ends with one
+outcome (``passed``, ``failed``, ``error``, ``unsupported``, ``environment``, ``xfailed``);
+a check that was deselected or never ran still appears in the report.
+
+Modules: :mod:`~harness.conformance.checks` (ids, outcomes, the expected-failures file),
+:mod:`~harness.conformance.unsupported` (``Unsupported`` under pytest and Hypothesis),
+:mod:`~harness.conformance.session` (the hooks of one session),
+:mod:`~harness.conformance.facts` (environment, strategy, reproducers).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.conformance.checks import check_id
+from harness.conformance.session import ConformancePlugin
+from harness.conformance.unsupported import record_unsupported, skip_or_reject_unsupported
+
+__all__ = [
+    "ConformancePlugin",
+    "check_id",
+    "record_unsupported",
+    "skip_or_reject_unsupported",
+]
+
+PLUGIN_NAME = "shardcheck-conformance-session"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Register ``--clauses``, ``--expected-failures``, ``--conformance-strict/-report``."""
+    group = parser.getgroup("shardcheck-conformance", "shardcheck conformance report")
+    group.addoption(
+        "--clauses",
+        default=None,
+        metavar="LIST",
+        help="run only checks declaring a matching SPEC clause: comma-separated ids or globs "
+        "(e.g. CKPT-RT-3,CLIP-1 or 'CKPT-*'); the others are deselected.",
+    )
+    group.addoption(
+        "--expected-failures",
+        default=None,
+        metavar="FILE",
+        help="file of 'CHECK_ID  reason' lines (# comments): those checks are strict xfails.",
+    )
+    group.addoption(
+        "--conformance-strict",
+        action="store_true",
+        default=False,
+        help="fail the run if any check is not passed or environment (unsupported, xfailed, "
+        "error, failed), so an all-skipped run never looks green.",
+    )
+    group.addoption(
+        "--conformance-report",
+        default=None,
+        metavar="DIR",
+        help="write report.json and report.md (outcomes by check and by clause) into DIR.",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the ``clause`` marker and this session's :class:`ConformancePlugin`."""
+    config.addinivalue_line(
+        "markers",
+        "clause(*ids): the SPEC.md clause ids this check verifies (e.g. 'CKPT-RT-3').",
+    )
+    if not config.pluginmanager.has_plugin(PLUGIN_NAME):
+        config.pluginmanager.register(ConformancePlugin(config), PLUGIN_NAME)

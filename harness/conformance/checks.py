@@ -1,0 +1,204 @@
+"""Checks: their ids, their outcomes from pytest reports, and the expected-failures file.
+
+A check id is ``<suite module>.<test>[<param id>]``: the module's dotted name from its
+package root with a leading ``suites.`` dropped, then the test (``Class.test`` for methods) and
+pytest's parameter id. It depends neither on the rootdir nor on the import mode.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.report import SEVERITY
+
+__all__ = [
+    "NOT_RUN",
+    "Check",
+    "check_id",
+    "classify_report",
+    "classify_skip",
+    "collector_id",
+    "failure_text",
+    "load_expected_failures",
+    "module_name",
+]
+
+NOT_RUN = "not run: the session stopped before this check (-x, --maxfail, a crash or Ctrl-C)"
+_MAX_SUMMARY = 4000
+#: Hypothesis errors that mean the suite itself is broken (an Unsatisfiable that is not made of
+#: recorded Unsupported examples: the suite's own filters rejected everything).
+_SUITE_ERRORS = re.compile(
+    r"^(hypothesis\.errors\.)?(FailedHealthCheck|InvalidArgument|Unsatisfiable)\b"
+)
+_XPASS_STRICT = "[XPASS(strict)]"
+
+
+@dataclass
+class Check:
+    """One collected test and what became of it so far.
+
+    Args:
+        id: the check id.
+        nodeid: pytest's node id (what a reproducer passes to pytest).
+        clauses: the clause ids from the test's ``clause`` markers.
+        world_sizes: the world sizes the test declares (its ``world_size`` marker), if any.
+    """
+
+    id: str
+    nodeid: str
+    clauses: list[str]
+    world_sizes: list[int] = field(default_factory=list)
+    outcome: str | None = None
+    failure: str | None = None
+    text: str = ""  # the full failure text, searched for Hypothesis' seed and blob
+    duration_s: float = 0.0
+    unsupported: list[str] = field(default_factory=list)
+    examples_ran: int = 0
+
+    def record_unsupported(self, description: str) -> None:
+        """Remember one ``unsupported: ...`` description (each distinct one once)."""
+        if description not in self.unsupported:
+            self.unsupported.append(description)
+
+    def unsupported_reason(self) -> str:
+        """The skip reason when no example could run: the first description, then the rest."""
+        first, rest = self.unsupported[0], self.unsupported[1:]
+        if not rest:
+            return first
+        others = "; ".join(d.removeprefix("unsupported: ") for d in rest[:3])
+        more = f" (+{len(rest) - 3} more)" if len(rest) > 3 else ""
+        return f"{first}; also {others}{more}"
+
+    def settle(self, outcome: str, message: str | None, text: str = "") -> None:
+        """Take ``outcome`` if it is worse than the current one (phases: the worst wins)."""
+        if self.outcome is None or SEVERITY.index(outcome) < SEVERITY.index(self.outcome):
+            self.outcome, self.failure, self.text = outcome, message, text
+
+
+@functools.lru_cache(maxsize=1024)
+def module_name(path: Path) -> str:
+    """The dotted module name of a test file, without a leading ``suites.``."""
+    parts = [path.stem if path.suffix == ".py" else path.name]
+    parent = path.parent
+    while (parent / "__init__.py").is_file() and parent != parent.parent:
+        parts.insert(0, parent.name)
+        parent = parent.parent
+    if len(parts) > 1 and parts[0] == "suites":
+        parts = parts[1:]
+    return ".".join(parts)
+
+
+def _join_id(module: str, rest: str) -> str:
+    return f"{module}.{rest.replace('::', '.')}" if rest else module
+
+
+def check_id(item: pytest.Item) -> str:
+    """The check id of a test item, e.g. ``test_training.test_parity[ws2]``."""
+    _, _, rest = item.nodeid.partition("::")
+    return _join_id(module_name(Path(item.path)), rest)
+
+
+def collector_id(rootpath: Path, nodeid: str) -> str:
+    """The check id standing for a collector (a module that failed to import or skipped)."""
+    path, _, rest = nodeid.partition("::")
+    return _join_id(module_name(rootpath / path), rest)
+
+
+def _clip(text: str) -> str:
+    # keep the head (the error) and the tail (Hypothesis' falsifying example and blob)
+    text = text.strip()
+    if len(text) <= _MAX_SUMMARY:
+        return text
+    head, tail = _MAX_SUMMARY * 5 // 8, _MAX_SUMMARY * 3 // 8
+    cut = len(text) - head - tail
+    return f"{text[:head]}\n... ({cut} characters cut) ...\n{text[-tail:]}"
+
+
+def _summary(report: Any) -> str:
+    crash = getattr(report.longrepr, "reprcrash", None)
+    message = getattr(crash, "message", None)
+    return _clip(message or report.longreprtext or "(no message)")
+
+
+def failure_text(report: Any) -> str:
+    """Everything pytest has on a report: the long repr and the captured sections."""
+    sections = "\n".join(content for _, content in getattr(report, "sections", []))
+    return f"{report.longreprtext}\n{sections}"
+
+
+def _skip_reason(report: Any) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return str(reason).removeprefix("Skipped: ").strip()
+
+
+def classify_skip(reason: str) -> tuple[str, str]:
+    """Map a skip reason to ``unsupported``/``environment``; any other skip is an ``error``."""
+    lowered = reason.lower()
+    if lowered.startswith("unsupported:"):
+        return "unsupported", reason
+    if lowered.startswith("environment:"):
+        return "environment", reason
+    return "error", (
+        "skipped without a classified reason (a suite's skip must start with "
+        f"'unsupported:' or 'environment:'): {reason}"
+    )
+
+
+def classify_report(report: Any) -> tuple[str | None, str | None]:
+    """The outcome (and why) one phase report implies; ``(None, None)`` for a passed phase.
+
+    Args:
+        report: a ``TestReport`` (setup, call or teardown) or a ``CollectReport``.
+    """
+    when = getattr(report, "when", "collect")
+    if report.passed:
+        return ("passed", None) if when == "call" else (None, None)
+    if report.skipped:
+        if hasattr(report, "wasxfail"):
+            return "xfailed", f"{report.wasxfail}; it failed with: {_summary(report)}"
+        return classify_skip(_skip_reason(report))
+    summary = _summary(report)
+    if when != "call":
+        return "error", f"{when} failed: {summary}"
+    if summary.startswith(_XPASS_STRICT):
+        reason = summary.removeprefix(_XPASS_STRICT).strip()
+        return "failed", f"passed although listed as an expected failure (strict xpass): {reason}"
+    if _SUITE_ERRORS.match(summary):
+        return "error", summary
+    return "failed", summary
+
+
+def load_expected_failures(path: str | None) -> dict[str, str]:
+    """Read ``--expected-failures``: ``CHECK_ID  reason`` lines, ``#`` comments, blank lines.
+
+    Raises:
+        pytest.UsageError: the file is missing or lists a check id twice.
+    """
+    if path is None:
+        return {}
+    file = Path(path)
+    if not file.is_file():
+        raise pytest.UsageError(
+            f"--expected-failures={path!r} is not a file; pass a text file with one "
+            "'CHECK_ID  reason' line per expected failure."
+        )
+    entries: dict[str, str] = {}
+    for lineno, line in enumerate(file.read_text().splitlines(), start=1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        check, *reason = text.split(maxsplit=1)
+        if check in entries:
+            raise pytest.UsageError(
+                f"--expected-failures={path!r}, line {lineno}: check {check!r} is listed twice; "
+                "keep one line per check."
+            )
+        entries[check] = reason[0].strip() if reason else "listed in the expected-failures file"
+    return entries

@@ -1,0 +1,195 @@
+"""The facts a report records about its run: versions, environment, strategy, reproducers.
+
+Options of the pool plugin (``--nproc``, ``--backend``, ``--strategy``, ...) are read with
+``config.getoption(name, None)``, so this module works with or without that plugin.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shlex
+import sys
+from collections.abc import Iterable, Sequence
+from importlib import metadata
+from typing import Any
+
+import pytest
+
+from harness.contract import DEFAULT_FACTORY, StrategyFactoryError, parse_strategy_options
+
+__all__ = ["environment", "reproducer", "strategy", "suite_version"]
+
+#: Options a reproducer carries over from the original command line.
+_CARRIED = (
+    "--nproc",
+    "--backend",
+    "--strategy",
+    "--strategy-option",
+    "--rank-timeout",
+    "--hypothesis-profile",
+    "--hypothesis-seed",
+)
+_SEED = re.compile(r"--hypothesis-seed=(-?\d+)")
+_BLOB = re.compile(r"@reproduce_failure\(\s*'[^']*'\s*,\s*b'[^']*'\s*\)")
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def suite_version() -> str:
+    """shardcheck's installed version, or ``0+unknown`` when it is not installed."""
+    return _version("shardcheck") or "0+unknown"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+def _harness_config() -> Any:
+    """The pool plugin's session settings (``harness.api.current_config()``), if loaded."""
+    api = sys.modules.get("harness.api")
+    current = getattr(api, "current_config", None)
+    return current() if callable(current) else None
+
+
+def strategy(config: pytest.Config) -> dict[str, Any]:
+    """``{"factory": "module:callable", "options": {...}}`` of this run."""
+    harness_config = _harness_config()
+    if harness_config is not None:
+        factory, options = harness_config.strategy, harness_config.strategy_options
+        return {"factory": str(factory), "options": _jsonable(dict(options))}
+    factory = config.getoption("strategy", None)
+    factory = factory or os.environ.get("SHARDCHECK_STRATEGY") or DEFAULT_FACTORY
+    raw = config.getoption("strategy_option", None) or []
+    try:
+        options = parse_strategy_options(list(raw))
+    except StrategyFactoryError:
+        options = {"unparsed": list(raw)}
+    return {"factory": str(factory), "options": _jsonable(options)}
+
+
+def _backend(config: pytest.Config, sizes: list[int]) -> str | None:
+    backend = config.getoption("backend", None)
+    api = sys.modules.get("harness.api")
+    resolve = getattr(api, "resolve_backend", None)
+    if backend == "auto" and callable(resolve):
+        try:
+            backend = resolve("auto", max(sizes or [1]))
+        except ValueError:
+            pass
+    return None if backend is None else str(backend)
+
+
+def _device(backend: str | None) -> str:
+    torch = sys.modules.get("torch")
+    if torch is None or backend == "gloo" or not torch.cuda.is_available():
+        return "cpu"
+    # device_count does not initialize CUDA in the controller (the ranks own the devices)
+    return f"cuda ({torch.cuda.device_count()} devices)"
+
+
+def _pool_sizes() -> set[int]:
+    """World sizes of the rank pools this session started (read before they are stopped)."""
+    api = sys.modules.get("harness.api")
+    public = getattr(api, "world_sizes_used", None)
+    if callable(public):
+        return set(public())
+    pools = getattr(api, "_pools", None)  # until harness.api offers world_sizes_used()
+    return {int(size) for size in pools} if isinstance(pools, dict) else set()
+
+
+def environment(config: pytest.Config, world_sizes: Iterable[int]) -> dict[str, Any]:
+    """torch, Python, platform, backend, device and the world sizes the checks used.
+
+    Args:
+        config: the run's config.
+        world_sizes: the sizes the checks that ran declared (``world_size`` marker/param);
+            the sizes of the pools the session started are added.
+    """
+    harness_config = _harness_config()
+    nproc = getattr(harness_config, "nproc", None) or config.getoption("nproc", None)
+    sizes = sorted(set(world_sizes) | _pool_sizes())
+    if not sizes and isinstance(nproc, int):
+        sizes = [nproc]
+    backend = _backend(config, sizes)
+    return {
+        "torch": _version("torch"),
+        "python": platform.python_version(),
+        "platform": platform.platform(terse=True),
+        "hypothesis": _version("hypothesis"),
+        "lightning": _version("lightning"),
+        "backend": backend,
+        "device": _device(backend),
+        "nproc": nproc,
+        "world_sizes": sizes,
+    }
+
+
+def _carried(args: Sequence[str]) -> list[str]:
+    """The plugin (``-p``) and shardcheck options of the original command line."""
+    out: list[str] = []
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        name = arg.partition("=")[0]
+        takes_next = index + 1 < len(args) and "=" not in arg
+        if arg == "-p" and takes_next:
+            out += [arg, args[index + 1]]
+            index += 1
+        elif arg.startswith("-p") and not arg.startswith("--") and len(arg) > 2:
+            out.append(arg)
+        elif name in _CARRIED and name != "--hypothesis-seed":
+            if takes_next:
+                out += [arg, args[index + 1]]
+                index += 1
+            else:
+                out.append(arg)
+        index += 1
+    return out
+
+
+def _user_seed(args: Sequence[str]) -> str | None:
+    for index, arg in enumerate(args):
+        if arg.startswith("--hypothesis-seed="):
+            return arg.partition("=")[2]
+        if arg == "--hypothesis-seed" and index + 1 < len(args):
+            return args[index + 1]
+    return None
+
+
+def reproducer(config: pytest.Config, nodeid: str, text: str) -> str:
+    """A one-line command that reruns just this check, with Hypothesis' seed and blob.
+
+    Args:
+        config: the run's config (its command line supplies ``-p`` and shardcheck options).
+        nodeid: the test's node id (relative to the rootdir, where the command runs).
+        text: the failure's full text, searched for ``--hypothesis-seed=`` and
+            ``@reproduce_failure(...)``.
+    """
+    args = [str(a) for a in config.invocation_params.args]
+    words = ["pytest", nodeid, *_carried(args)]
+    if "--strategy" not in {w.partition("=")[0] for w in words}:
+        env_factory = os.environ.get("SHARDCHECK_STRATEGY")
+        if env_factory:
+            words += ["--strategy", env_factory]
+    seed = _SEED.search(text)
+    seed_value = seed.group(1) if seed else _user_seed(args)
+    if seed_value is not None:
+        words.append(f"--hypothesis-seed={seed_value}")
+    line = " ".join(shlex.quote(w) for w in words)
+    blob = _BLOB.search(text)
+    if blob:
+        line += f"  # to replay the exact example, add {blob.group(0)} to the test"
+    return line

@@ -1,0 +1,240 @@
+"""The hooks of one pytest session: checks from items, outcomes from reports, the report."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Generator
+from typing import Any
+
+import pytest
+
+from harness.conformance import facts
+from harness.conformance.checks import (
+    NOT_RUN,
+    Check,
+    check_id,
+    classify_report,
+    collector_id,
+    failure_text,
+    load_expected_failures,
+)
+from harness.conformance.summary import write_summary
+from harness.conformance.unsupported import rejecting, running, skip_exception
+from harness.contract import Unsupported
+from harness.report import CONFORMING, CheckResult, Report
+
+__all__ = ["ConformancePlugin"]
+
+
+def _parse_clauses(value: str | None) -> list[str]:
+    if value is None:
+        return []
+    patterns = [p.strip().upper() for p in value.split(",") if p.strip()]
+    if not patterns:
+        raise pytest.UsageError(
+            f"--clauses={value!r} names no clause; pass comma-separated ids or globs, "
+            "e.g. --clauses 'CKPT-RT-3,CLIP-1' or --clauses 'CKPT-*'."
+        )
+    return patterns
+
+
+def _clauses_of(item: pytest.Item) -> list[str]:
+    clauses: set[str] = set()
+    for marker in item.iter_markers("clause"):
+        for arg in marker.args:
+            if not isinstance(arg, str) or not arg.strip():
+                raise pytest.UsageError(
+                    f"{item.nodeid}: @pytest.mark.clause({arg!r}) is not a clause id; "
+                    "pass SPEC.md ids as strings, e.g. @pytest.mark.clause('CKPT-RT-3')."
+                )
+            clauses.add(arg.strip())
+    return sorted(clauses)
+
+
+def _world_sizes(item: pytest.Item) -> list[int]:
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if isinstance(params.get("world_size"), int):
+        return [params["world_size"]]
+    marker = item.get_closest_marker("world_size")
+    if marker is None:
+        return []
+    values = [*marker.args, *marker.kwargs.values()]
+    flat = [v for x in values for v in (x if isinstance(x, (list, tuple)) else [x])]
+    return sorted({v for v in flat if isinstance(v, int) and not isinstance(v, bool)})
+
+
+class ConformancePlugin:
+    """The per-session state: one :class:`Check` per collected test, and the report.
+
+    Args:
+        config: the pytest config (options are read from it).
+    """
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.patterns = _parse_clauses(config.getoption("clauses"))
+        self.expected_file: str | None = config.getoption("expected_failures")
+        self.expected = load_expected_failures(self.expected_file)
+        self.checks: dict[str, Check] = {}  # by nodeid, in collection order
+        self.collected_ids: set[str] = set()
+        self.deselected: list[str] = []
+        self.matched_patterns: set[str] = set()
+        self.report: Report | None = None
+
+    # -- collection -----------------------------------------------------------------------
+
+    def _selected(self, clauses: list[str]) -> bool:
+        hits = {p for p in self.patterns for c in clauses if fnmatch.fnmatchcase(c.upper(), p)}
+        self.matched_patterns |= hits
+        return bool(hits)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(
+        self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        """Make a check per item, mark expected failures, deselect by ``--clauses``."""
+        kept, dropped = [], []
+        for item in items:
+            check = Check(check_id(item), item.nodeid, _clauses_of(item), _world_sizes(item))
+            self.checks[item.nodeid] = check
+            self.collected_ids.add(check.id)
+            reason = self.expected.get(check.id)
+            if reason is not None:
+                marker = pytest.mark.xfail(reason=f"expected failure: {reason}", strict=True)
+                item.add_marker(marker, append=False)
+            if self.patterns and not self._selected(check.clauses):
+                dropped.append(item)
+            else:
+                kept.append(item)
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = kept
+
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        """Move deselected items (``--clauses``, ``-k``, ``-m``) to the report's selection."""
+        for item in items:
+            check = self.checks.pop(item.nodeid, None)
+            self.deselected.append(check.id if check else check_id(item))
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        """A module that failed to import or skipped itself is a check too."""
+        if report.passed or not report.nodeid:
+            return
+        check = Check(collector_id(self.config.rootpath, report.nodeid), report.nodeid, [])
+        outcome, message = classify_report(report)
+        check.settle(outcome or "error", message, failure_text(report))
+        self.checks.setdefault(report.nodeid, check)
+
+    # -- running --------------------------------------------------------------------------
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, Any, Any]:
+        """Make the item's check the one ``record_unsupported`` records on."""
+        check = self.checks.get(item.nodeid)
+        if check is None:
+            return (yield)
+        with running(check):
+            return (yield)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, Any, Any]:
+        """An ``Unsupported`` raised by a fixture is the check's skip, not a setup error."""
+        try:
+            return (yield)
+        except Unsupported as exc:
+            raise skip_exception(exc.describe()) from None
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, Any]:
+        """Turn ``Unsupported`` into the skip; per example under Hypothesis.
+
+        See [Note: unsupported configurations] in :mod:`harness.conformance.unsupported`.
+        """
+        from hypothesis.errors import FailedHealthCheck, Unsatisfiable
+
+        check = self.checks.get(item.nodeid) or Check("", item.nodeid, [])
+        handle = getattr(getattr(item, "obj", None), "hypothesis", None)
+        inner = getattr(handle, "inner_test", None)
+        if inner is not None:
+            handle.inner_test = rejecting(inner, check)  # type: ignore[union-attr]
+        try:
+            result = yield
+        except Unsupported as exc:
+            raise skip_exception(exc.describe()) from None
+        except (Unsatisfiable, FailedHealthCheck):
+            if check.unsupported and check.examples_ran == 0:
+                raise skip_exception(check.unsupported_reason()) from None
+            raise
+        finally:
+            if inner is not None:
+                handle.inner_test = inner  # type: ignore[union-attr]
+        if inner is not None and check.unsupported and check.examples_ran == 0:
+            raise skip_exception(check.unsupported_reason())
+        return result
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Fold each phase's report into the check's outcome (the worst phase wins)."""
+        check = self.checks.get(report.nodeid)
+        if check is None:
+            return
+        check.duration_s += report.duration
+        outcome, message = classify_report(report)
+        if outcome is not None:
+            check.settle(outcome, message, failure_text(report))
+
+    # -- the end --------------------------------------------------------------------------
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        """Build (and write) the report; under ``--conformance-strict`` fail a bad run."""
+        if self.config.getoption("collectonly"):
+            return
+        for check in self.checks.values():
+            if check.outcome is None:
+                check.settle("error", NOT_RUN)
+        self.report = self.build_report()
+        directory = self.config.getoption("conformance_report")
+        if directory:
+            self.report.write(directory)
+        bad = [c for c in self.report.checks if c.outcome not in CONFORMING]
+        if self.config.getoption("conformance_strict") and bad and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def build_report(self) -> Report:
+        """The report of this session, from the checks as they stand."""
+        checks = [
+            CheckResult(
+                id=c.id,
+                clauses=list(c.clauses),
+                outcome=c.outcome or "error",
+                duration_s=round(c.duration_s, 4),
+                failure=c.failure,
+                reproducer=facts.reproducer(self.config, c.nodeid, c.text),
+            )
+            for c in self.checks.values()
+        ]
+        ran = [c for c in self.checks.values() if c.outcome not in ("environment", "error")]
+        return Report(
+            suite_version=facts.suite_version(),
+            environment=facts.environment(self.config, (s for c in ran for s in c.world_sizes)),
+            strategy=facts.strategy(self.config),
+            checks=checks,
+            selection={
+                "clauses": self.config.getoption("clauses"),
+                "deselected": list(self.deselected),
+                "unmatched_patterns": sorted(set(self.patterns) - self.matched_patterns),
+            },
+            expected_failures={
+                "file": self.expected_file,
+                "unmatched": sorted(set(self.expected) - self.collected_ids),
+            },
+        )
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        """Print the short clause summary (and the strict verdict) at the end of the run."""
+        options = ("clauses", "expected_failures", "conformance_strict", "conformance_report")
+        relevant = any(self.config.getoption(o) for o in options) or any(
+            c.clauses for c in self.checks.values()
+        )
+        if self.report is not None and relevant:
+            write_summary(terminalreporter, self.config, self.report)

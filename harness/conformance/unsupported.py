@@ -1,0 +1,125 @@
+"""Unsupported configurations: the skip outside Hypothesis, record-and-reject inside it.
+
+[Note: unsupported configurations] A strategy refuses a configuration by raising
+``harness.Unsupported`` (``run_on_ranks`` re-raises it in the controller when every rank
+raised it). Outside Hypothesis, the check becomes the skip ``unsupported: option=value
+(reason)``. Inside a Hypothesis test, the example is recorded on the running check and
+rejected, so the other examples still run: the plugin wraps the test's
+``hypothesis.inner_test`` (the attribute Hypothesis lets plugins replace) for the duration
+of the call. Only when no example could run does the check become that skip. Suites may also
+call :func:`record_unsupported` and ``hypothesis.reject()`` themselves, or use
+:func:`skip_or_reject_unsupported`; a ``reject()`` called while handling an ``Unsupported``
+is recorded as well (the rejection's ``__context__`` is that ``Unsupported``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from harness.conformance.checks import Check
+from harness.contract import Unsupported
+
+__all__ = [
+    "record_unsupported",
+    "rejecting",
+    "running",
+    "skip_exception",
+    "skip_or_reject_unsupported",
+]
+
+_ACTIVE: list[Check] = []  # the check whose test is running (a stack: pytester nests sessions)
+
+
+@contextmanager
+def running(check: Check) -> Iterator[None]:
+    """Make ``check`` the one :func:`record_unsupported` records on, for the ``with`` body."""
+    _ACTIVE.append(check)
+    try:
+        yield
+    finally:
+        _ACTIVE.remove(check)
+
+
+def record_unsupported(exc: Unsupported) -> bool:
+    """Record ``exc`` as an unsupported configuration of the check that is running.
+
+    Args:
+        exc: the ``Unsupported`` the strategy (or ``run_on_ranks``) raised.
+
+    Returns:
+        True if a check was running to record it on, False otherwise.
+
+    Raises:
+        TypeError: ``exc`` is not an ``Unsupported``.
+    """
+    if not isinstance(exc, Unsupported):
+        raise TypeError(
+            f"record_unsupported(exc={exc!r}) needs a harness.Unsupported, got "
+            f"{type(exc).__name__}; catch Unsupported before recording it."
+        )
+    if not _ACTIVE:
+        return False
+    _ACTIVE[-1].record_unsupported(exc.describe())
+    return True
+
+
+def skip_exception(reason: str) -> BaseException:
+    """The skip pytest reports at the test's own location, with ``reason``."""
+    return pytest.skip.Exception(reason, _use_item_location=True)
+
+
+@contextmanager
+def skip_or_reject_unsupported() -> Iterator[None]:
+    """Turn an ``Unsupported`` raised in the body into the right outcome.
+
+    Inside a Hypothesis example the configuration is recorded and the example rejected;
+    elsewhere the test is skipped with ``unsupported: option=value (reason)``.
+    """
+    try:
+        yield
+    except Unsupported as exc:
+        record_unsupported(exc)
+        import hypothesis
+
+        if hypothesis.currently_in_test_context():
+            hypothesis.reject()
+        raise skip_exception(exc.describe()) from None
+
+
+def rejecting(inner: Callable[..., Any], check: Check) -> Callable[..., Any]:
+    """Wrap a Hypothesis inner test: an ``Unsupported`` example is recorded and rejected.
+
+    Args:
+        inner: the test's ``hypothesis.inner_test``.
+        check: the running check; counts the examples that ran and the unsupported ones.
+    """
+    import hypothesis
+    from hypothesis.errors import StopTest, UnsatisfiedAssumption
+
+    @functools.wraps(inner)
+    def example(*args: Any, **kwargs: Any) -> Any:
+        try:
+            result = inner(*args, **kwargs)
+        except Unsupported as exc:
+            check.record_unsupported(exc.describe())
+            hypothesis.reject()
+        except UnsatisfiedAssumption as exc:
+            # a suite that caught Unsupported and called reject() itself: record it too
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, Unsupported):
+                check.record_unsupported(cause.describe())
+            raise
+        except StopTest:
+            raise  # Hypothesis ran out of data for this example: it did not run
+        except BaseException:
+            check.examples_ran += 1
+            raise
+        check.examples_ran += 1
+        return result
+
+    return example

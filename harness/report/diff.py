@@ -1,0 +1,113 @@
+"""``python -m harness.report diff OLD.json NEW.json``: what changed between two runs.
+
+The torch-upgrade question ("what did the new version break?"): the clauses whose outcome
+changed (with the checks that moved), and the clauses and checks that were added or removed.
+The command exits 0 whatever changed, and 2 when a file is not a readable report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from harness.report.model import Report, ReportError, clause_outcomes, load_report
+
+__all__ = ["ReportDiff", "diff_reports", "format_diff", "main"]
+
+
+@dataclass
+class ReportDiff:
+    """What changed between two reports, by clause and by check."""
+
+    changed: list[tuple[str, str, str, list[tuple[str, str, str]]]]  # clause, old, new, checks
+    clauses_added: list[tuple[str, str]]
+    clauses_removed: list[tuple[str, str]]
+    checks_added: list[tuple[str, str]]
+    checks_removed: list[tuple[str, str]]
+
+    @property
+    def empty(self) -> bool:
+        """True when no clause outcome changed and no clause or check came or went."""
+        return not (
+            self.changed
+            or self.clauses_added
+            or self.clauses_removed
+            or self.checks_added
+            or self.checks_removed
+        )
+
+
+def diff_reports(old: Report, new: Report) -> ReportDiff:
+    """Compare two reports: clause outcomes that changed, clauses and checks added/removed."""
+    old_clauses, new_clauses = clause_outcomes(old.checks), clause_outcomes(new.checks)
+    old_checks = {c.id: c for c in old.checks}
+    new_checks = {c.id: c for c in new.checks}
+    changed = []
+    for clause in sorted(old_clauses.keys() & new_clauses.keys()):
+        (was, old_members), (now, new_members) = old_clauses[clause], new_clauses[clause]
+        if was == now:
+            continue
+        before = {c.id: c.outcome for c in old_members}
+        after = {c.id: c.outcome for c in new_members}
+        moved = [
+            (cid, before.get(cid, "absent"), after.get(cid, "absent"))
+            for cid in sorted(before.keys() | after.keys())
+            if before.get(cid) != after.get(cid)
+        ]
+        changed.append((clause, was, now, moved))
+    return ReportDiff(
+        changed=changed,
+        clauses_added=[(c, new_clauses[c][0]) for c in sorted(new_clauses.keys() - old_clauses)],
+        clauses_removed=[(c, old_clauses[c][0]) for c in sorted(old_clauses.keys() - new_clauses)],
+        checks_added=[(i, new_checks[i].outcome) for i in sorted(new_checks.keys() - old_checks)],
+        checks_removed=[(i, old_checks[i].outcome) for i in sorted(old_checks.keys() - new_checks)],
+    )
+
+
+def _describe(report: Report, path: str) -> str:
+    env = report.environment
+    return (
+        f"{path} (shardcheck {report.suite_version}, torch {env.get('torch')}, "
+        f"strategy {report.strategy.get('factory')})"
+    )
+
+
+def format_diff(diff: ReportDiff, old: Report, new: Report, old_path: str, new_path: str) -> str:
+    """The text ``python -m harness.report diff`` prints."""
+    lines = [f"old: {_describe(old, old_path)}", f"new: {_describe(new, new_path)}", ""]
+    if diff.empty:
+        return "\n".join([*lines, "no change: every clause has the same outcome and checks."])
+    lines.append(f"clauses whose outcome changed: {len(diff.changed)}")
+    for clause, was, now, moved in diff.changed:
+        lines.append(f"  {clause}: {was} -> {now}")
+        lines += [f"      {cid}: {a} -> {b}" for cid, a, b in moved]
+    for title, rows in (
+        ("clauses added", diff.clauses_added),
+        ("clauses removed", diff.clauses_removed),
+        ("checks added", diff.checks_added),
+        ("checks removed", diff.checks_removed),
+    ):
+        lines.append(f"{title}: {len(rows)}")
+        lines += [f"  {name} ({outcome})" for name, outcome in rows]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m harness.report diff OLD.json NEW.json``; 0 on any diff, 2 on bad input."""
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.report", description="Work with shardcheck conformance reports."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    diff = commands.add_parser("diff", help="list clauses whose outcome changed between runs")
+    diff.add_argument("old", help="the earlier report.json")
+    diff.add_argument("new", help="the later report.json")
+    args = parser.parse_args(argv)
+    try:
+        old, new = load_report(args.old), load_report(args.new)
+    except ReportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(format_diff(diff_reports(old, new), old, new, args.old, args.new))
+    return 0

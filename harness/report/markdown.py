@@ -1,0 +1,83 @@
+"""``report.md``: counts per outcome, the clause table, failures with reproducers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.report.model import NO_CLAUSE, Report, clause_outcomes
+
+__all__ = ["render_markdown"]
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _fence(text: str) -> str:
+    ticks = "````" if "```" in text else "```"
+    return f"{ticks}\n{text.rstrip()}\n{ticks}"
+
+
+def _header_lines(report: Report) -> list[str]:
+    counts = report.counts()
+    clauses = clause_outcomes(report.checks)
+    env, strategy = report.environment, report.strategy
+    sizes = ", ".join(str(s) for s in env.get("world_sizes", [])) or "none"
+    lines = [
+        "# shardcheck conformance report",
+        "",
+        "**" + " · ".join(f"{n} {o}" for o, n in counts.items()) + "**"
+        f" ({len(report.checks)} checks, {len([c for c in clauses if c != NO_CLAUSE])} clauses)",
+        "",
+        f"- suite: shardcheck {report.suite_version} (report schema {report.schema_version})",
+        f"- strategy: `{strategy.get('factory')}` options `{strategy.get('options', {})}`",
+        f"- environment: torch {env.get('torch')}, Python {env.get('python')}, backend "
+        f"{env.get('backend')}, device {env.get('device')}, world sizes {sizes}",
+    ]
+    deselected = report.selection.get("deselected", [])
+    if report.selection.get("clauses") or deselected:
+        lines.append(
+            f"- selection: --clauses {report.selection.get('clauses') or '(all)'}; "
+            f"{len(deselected)} checks deselected (listed in report.json)"
+        )
+    unmatched = report.expected_failures.get("unmatched", [])
+    if report.expected_failures.get("file"):
+        lines.append(
+            f"- expected failures: `{report.expected_failures['file']}`"
+            + (f"; ids matching no test: {', '.join(unmatched)}" if unmatched else "")
+        )
+    lines += ["", "| outcome | checks |", "|---|---|"]
+    lines += [f"| {o} | {n} |" for o, n in counts.items()]
+    return lines
+
+
+def render_markdown(report: Report) -> str:
+    """``report.md``: counts per outcome, the clause table, failures, then checks not run."""
+    lines = _header_lines(report)
+    lines += [
+        "",
+        "## Clauses",
+        "",
+        "| clause | outcome | checks | not passed |",
+        "|---|---|---|---|",
+    ]
+    for clause, (outcome, members) in clause_outcomes(report.checks).items():
+        bad = [f"{c.id} ({c.outcome})" for c in members if c.outcome != "passed"]
+        lines.append(f"| {clause} | {outcome} | {len(members)} | {_cell(', '.join(bad))} |")
+    failures = [c for c in report.checks if c.outcome in ("failed", "error", "xfailed")]
+    lines += ["", "## Failures", ""]
+    if not failures:
+        lines.append("None.")
+    for check in failures:
+        clauses = ", ".join(check.clauses) or NO_CLAUSE
+        lines += [f"### {check.id}: {check.outcome} ({clauses})", ""]
+        lines += [_fence(check.failure or "(no message)"), "", "Reproduce:", ""]
+        lines += [_fence(check.reproducer), ""]
+    not_run = [c for c in report.checks if c.outcome in ("unsupported", "environment")]
+    if not_run:
+        lines += ["", "## Not run (unsupported or environment)", ""]
+        lines += ["| check | clauses | outcome | reason |", "|---|---|---|---|"]
+        for check in not_run:
+            row = (check.id, ", ".join(check.clauses), check.outcome, check.failure or "")
+            lines.append("| " + " | ".join(_cell(x) for x in row) + " |")
+    return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,185 @@
+"""The report model: checks, outcomes, clauses, and the ``report.json`` document."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CONFORMING",
+    "NO_CLAUSE",
+    "OUTCOMES",
+    "SCHEMA_VERSION",
+    "SEVERITY",
+    "CheckResult",
+    "Report",
+    "ReportError",
+    "clause_outcomes",
+    "load_report",
+    "worst_outcome",
+]
+
+SCHEMA_VERSION = 1
+#: Outcome names, in the order reports list them.
+OUTCOMES = ("passed", "failed", "error", "unsupported", "environment", "xfailed")
+#: The same, worst first: a clause takes the worst outcome of its checks.
+SEVERITY = ("failed", "error", "xfailed", "unsupported", "environment", "passed")
+#: Outcomes that do not fail a ``--conformance-strict`` run.
+CONFORMING = frozenset({"passed", "environment"})
+NO_CLAUSE = "(no clause)"
+
+
+class ReportError(ValueError):
+    """A report file cannot be read: missing, not JSON, or not a shardcheck report."""
+
+
+@dataclass
+class CheckResult:
+    """One check (one pytest test item) and what became of it.
+
+    Args:
+        id: the stable check id, ``<suite module>.<test>[<param id>]``.
+        clauses: the SPEC.md clause ids the check declares.
+        outcome: one of :data:`OUTCOMES`.
+        duration_s: setup + call + teardown time in seconds.
+        failure: why it did not pass (failure summary, skip reason, xfail reason); None if
+            it passed.
+        reproducer: a one-line command that reruns just this check.
+    """
+
+    id: str
+    clauses: list[str]
+    outcome: str
+    duration_s: float = 0.0
+    failure: str | None = None
+    reproducer: str = ""
+
+    def __post_init__(self) -> None:
+        if self.outcome not in OUTCOMES:
+            raise ValueError(
+                f"CheckResult.outcome={self.outcome!r} for check {self.id!r} is not an outcome; "
+                f"use one of {', '.join(OUTCOMES)}."
+            )
+
+
+@dataclass
+class Report:
+    """A whole run: where it ran, which strategy, and every check.
+
+    Args:
+        suite_version: shardcheck's version.
+        environment: torch, python, backend, device, world_sizes (and other facts).
+        strategy: ``{"factory": "module:callable", "options": {...}}``.
+        checks: every check that ran (or was meant to run), in run order.
+        selection: how checks were selected: ``clauses`` (the ``--clauses`` value or None) and
+            ``deselected`` (ids of checks that were collected but not run).
+        expected_failures: ``file`` and ``unmatched`` (ids in it that matched no test).
+    """
+
+    suite_version: str
+    environment: dict[str, Any]
+    strategy: dict[str, Any]
+    checks: list[CheckResult]
+    selection: dict[str, Any] = field(default_factory=dict)
+    expected_failures: dict[str, Any] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    def counts(self) -> dict[str, int]:
+        """The number of checks per outcome (every outcome present, zeros included)."""
+        counts = dict.fromkeys(OUTCOMES, 0)
+        for check in self.checks:
+            counts[check.outcome] += 1
+        return counts
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``report.json`` document."""
+        return {
+            "schema_version": self.schema_version,
+            "suite_version": self.suite_version,
+            "environment": self.environment,
+            "strategy": self.strategy,
+            "counts": self.counts(),
+            "clauses": {c: outcome for c, (outcome, _) in clause_outcomes(self.checks).items()},
+            "selection": self.selection,
+            "expected_failures": self.expected_failures,
+            "checks": [asdict(check) for check in self.checks],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "<dict>") -> Report:
+        """Rebuild a report from its JSON document.
+
+        Raises:
+            ReportError: the document is not a shardcheck report of a known schema version.
+        """
+        if not isinstance(data, dict) or "checks" not in data or "schema_version" not in data:
+            raise ReportError(
+                f"{source} is not a shardcheck report (no 'schema_version'/'checks'); "
+                "pass the report.json written by --conformance-report."
+            )
+        if data["schema_version"] != SCHEMA_VERSION:
+            raise ReportError(
+                f"{source} has schema_version={data['schema_version']!r}; this shardcheck "
+                f"reads schema_version={SCHEMA_VERSION}. Compare reports of the same schema."
+            )
+        keys = ("id", "clauses", "outcome", "duration_s", "failure", "reproducer")
+        try:
+            checks = [CheckResult(**{k: c[k] for k in keys}) for c in data["checks"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ReportError(f"{source}: a check entry is malformed ({exc}).") from exc
+        return cls(
+            suite_version=data.get("suite_version", "0+unknown"),
+            environment=data.get("environment", {}),
+            strategy=data.get("strategy", {}),
+            checks=checks,
+            selection=data.get("selection", {}),
+            expected_failures=data.get("expected_failures", {}),
+        )
+
+    def write(self, directory: str | Path) -> tuple[Path, Path]:
+        """Write ``report.json`` and ``report.md`` into ``directory`` (created if missing)."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        json_path, md_path = out / "report.json", out / "report.md"
+        json_path.write_text(json.dumps(self.to_dict(), indent=2, default=str) + "\n")
+        from harness.report.markdown import render_markdown
+
+        md_path.write_text(render_markdown(self))
+        return json_path, md_path
+
+
+def worst_outcome(outcomes: Iterable[str]) -> str:
+    """The worst of ``outcomes`` in the order of :data:`SEVERITY` (``passed`` if empty)."""
+    present = set(outcomes)
+    return next((o for o in SEVERITY if o in present), "passed")
+
+
+def clause_outcomes(checks: Sequence[CheckResult]) -> dict[str, tuple[str, list[CheckResult]]]:
+    """Group checks by clause: ``{clause: (worst outcome, its checks)}``, clauses sorted."""
+    groups: dict[str, list[CheckResult]] = {}
+    for check in checks:
+        for clause in check.clauses or [NO_CLAUSE]:
+            groups.setdefault(clause, []).append(check)
+    return {
+        clause: (worst_outcome(c.outcome for c in members), members)
+        for clause, members in sorted(groups.items())
+    }
+
+
+def load_report(path: str | Path) -> Report:
+    """Read a ``report.json``.
+
+    Raises:
+        ReportError: the file is missing, not JSON, or not a shardcheck report.
+    """
+    file = Path(path)
+    try:
+        data = json.loads(file.read_text())
+    except FileNotFoundError as exc:
+        raise ReportError(f"report file {str(file)!r} does not exist.") from exc
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ReportError(f"report file {str(file)!r} is not readable JSON ({exc}).") from exc
+    return Report.from_dict(data, source=str(file))

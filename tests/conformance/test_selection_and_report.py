@@ -1,0 +1,199 @@
+"""Check ids, ``--clauses``, ``--conformance-strict``, and the report files' layout."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from tests.conformance.conftest import Run
+
+RunSuite = Callable[..., "Run"]
+
+CLAUSED = """
+import pytest
+
+@pytest.mark.clause("CKPT-RT-1")
+def test_full_roundtrip():
+    pass
+
+@pytest.mark.clause("CKPT-RT-3", "CKPT-STRICT-1")
+def test_reshard():
+    pass
+
+@pytest.mark.clause("CLIP-1")
+def test_clip():
+    pass
+
+def test_no_clause():
+    pass
+"""
+
+
+@pytest.mark.parametrize(
+    ("clauses", "selected"),
+    [
+        ("CKPT-RT-3", ["test_fake.test_reshard"]),
+        ("CKPT-*", ["test_fake.test_full_roundtrip", "test_fake.test_reshard"]),
+        ("clip-1, CKPT-STRICT-*", ["test_fake.test_reshard", "test_fake.test_clip"]),
+    ],
+    ids=["exact", "glob", "list-any-case"],
+)
+def test_clauses_select_checks(run_suite: RunSuite, clauses: str, selected: list[str]) -> None:
+    run = run_suite(CLAUSED, "--clauses", clauses)
+    deselected = 4 - len(selected)
+    run.result.assert_outcomes(passed=len(selected), deselected=deselected)
+    report = run.report()
+    assert [c["id"] for c in report["checks"]] == selected
+    assert report["selection"]["clauses"] == clauses
+    assert len(report["selection"]["deselected"]) == deselected
+    assert "test_fake.test_no_clause" in report["selection"]["deselected"]
+
+
+def test_clause_pattern_that_matches_nothing_is_named(run_suite: RunSuite) -> None:
+    run = run_suite(CLAUSED, "--clauses", "CLIP-1,SHARD-*")
+    assert run.report()["selection"]["unmatched_patterns"] == ["SHARD-*"]
+    run.result.stdout.fnmatch_lines(["--clauses: 'SHARD-*' matched no clause*"])
+
+
+def test_empty_clause_list_is_a_usage_error(run_suite: RunSuite) -> None:
+    run = run_suite(CLAUSED, "--clauses", " , ")
+    assert run.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--clauses=' , ' names no clause" in run.result.stderr.str()
+
+
+def test_keyword_deselection_is_listed_too(run_suite: RunSuite) -> None:
+    run = run_suite(CLAUSED, "-k", "clip")
+    assert sorted(run.report()["selection"]["deselected"]) == [
+        "test_fake.test_full_roundtrip",
+        "test_fake.test_no_clause",
+        "test_fake.test_reshard",
+    ]
+
+
+NOT_GREEN = """
+import pytest
+from harness import Unsupported
+
+@pytest.mark.clause("CFG-6")
+def test_offload():
+    raise Unsupported("no accelerator", "cpu_offload", True)
+
+@pytest.mark.clause("CFG-3")
+def test_mesh():
+    pytest.skip("environment: needs 4 ranks")
+"""
+
+GREEN = """
+import pytest
+
+@pytest.mark.clause("API-1")
+def test_ok():
+    pass
+
+@pytest.mark.clause("CFG-3")
+def test_mesh():
+    pytest.skip("environment: needs 4 ranks")
+"""
+
+
+def test_strict_fails_an_all_skipped_run(run_suite: RunSuite) -> None:
+    lenient = run_suite(NOT_GREEN)
+    assert lenient.ret == pytest.ExitCode.OK
+    strict = run_suite(NOT_GREEN, "--conformance-strict")
+    assert strict.ret == pytest.ExitCode.TESTS_FAILED
+    strict.result.stdout.fnmatch_lines(
+        [
+            "conformance-strict: FAILED: 1 checks are neither passed nor environment"
+            " (1 unsupported)",
+            "*2 skipped, 1 nonconforming*",
+        ]
+    )
+
+
+def test_strict_passes_with_passed_and_environment_only(run_suite: RunSuite) -> None:
+    run = run_suite(GREEN, "--conformance-strict")
+    assert run.ret == pytest.ExitCode.OK
+    run.result.stdout.fnmatch_lines(
+        ["conformance-strict: every check passed or needs another environment"]
+    )
+
+
+def test_strict_fails_an_expected_failure(run_suite: RunSuite) -> None:
+    source = "def test_bad():\n    assert False\n"
+    files = {"xf.txt": "test_fake.test_bad  known\n"}
+    run = run_suite(source, "--conformance-strict", "--expected-failures", "xf.txt", files=files)
+    assert run.outcomes() == {"test_fake.test_bad": "xfailed"}
+    assert run.ret == pytest.ExitCode.TESTS_FAILED
+
+
+IDS = """
+import pytest
+
+class TestCheckpoint:
+    @pytest.mark.clause("CKPT-RT-1")
+    @pytest.mark.parametrize("fmt", ["full", "sharded"])
+    def test_roundtrip(self, fmt):
+        pass
+
+@pytest.mark.clause("TRAIN-1")
+@pytest.mark.parametrize("spec", [object()], ids=["adamw-fsdp"])
+def test_parity(spec):
+    pass
+"""
+
+
+def test_check_ids_are_readable_and_strip_the_suites_package(run_suite: RunSuite) -> None:
+    run = run_suite(None, files={"suites/__init__.py": "", "suites/test_ckpt.py": IDS})
+    assert list(run.outcomes()) == [
+        "test_ckpt.TestCheckpoint.test_roundtrip[full]",
+        "test_ckpt.TestCheckpoint.test_roundtrip[sharded]",
+        "test_ckpt.test_parity[adamw-fsdp]",
+    ]
+
+
+def test_report_json_schema(run_suite: RunSuite) -> None:
+    run = run_suite(CLAUSED)
+    report = run.report()
+    assert report["schema_version"] == 1
+    assert isinstance(report["suite_version"], str) and report["suite_version"]
+    assert {"torch", "python", "backend", "device", "world_sizes"} <= set(report["environment"])
+    assert report["environment"]["python"].count(".") == 2
+    assert set(report["strategy"]) == {"factory", "options"}
+    keys = {"id", "clauses", "outcome", "duration_s", "failure", "reproducer"}
+    for check in report["checks"]:
+        assert set(check) == keys
+        assert check["duration_s"] >= 0
+    assert run.check("test_fake.test_reshard")["clauses"] == ["CKPT-RT-3", "CKPT-STRICT-1"]
+    assert run.check("test_fake.test_no_clause")["clauses"] == []
+
+
+def test_reproducer_reruns_just_that_check(run_suite: RunSuite) -> None:
+    source = "import pytest\n\n@pytest.mark.parametrize('ws', [2, 4])\ndef test_x(ws):\n    pass\n"
+    run = run_suite(source, "--hypothesis-seed=7")
+    words = shlex.split(run.check("test_fake.test_x[4]")["reproducer"])
+    assert words[:2] == ["pytest", "test_fake.py::test_x[4]"]
+    assert "--hypothesis-seed=7" in words
+    assert "--conformance-report" not in words  # only what selects and configures the check
+
+
+def test_report_markdown_layout(run_suite: RunSuite) -> None:
+    run = run_suite(
+        "import pytest\n\n"
+        "@pytest.mark.clause('CLIP-1')\ndef test_clip():\n    assert 2 + 2 == 5\n\n"
+        "@pytest.mark.clause('API-1')\ndef test_ok():\n    pass\n"
+    )
+    md = run.markdown()
+    lines = md.splitlines()
+    assert lines[0] == "# shardcheck conformance report"
+    assert lines[2].startswith("**1 passed · 1 failed · 0 error · 0 unsupported")
+    sections = [line for line in lines if line.startswith("## ")]
+    assert sections == ["## Clauses", "## Failures"]
+    assert "| CLIP-1 | failed | 1 | test_fake.test_clip (failed) |" in lines
+    assert "| API-1 | passed | 1 |  |" in lines
+    assert "### test_fake.test_clip: failed (CLIP-1)" in lines
+    assert "pytest test_fake.py::test_clip" in md
+    assert md.index("## Clauses") < md.index("## Failures") < md.index("assert (2 + 2) == 5")

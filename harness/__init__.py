@@ -2,6 +2,17 @@
 
 from __future__ import annotations
 
+from harness.api import max_world_size, run_on_ranks
+from harness.context import RankContext
 from harness.contract import StrategySpec, Unsupported
+from harness.outcomes import Outcome, RankFailure
 
-__all__ = ["StrategySpec", "Unsupported"]
+__all__ = [
+    "Outcome",
+    "RankContext",
+    "RankFailure",
+    "StrategySpec",
+    "Unsupported",
+    "max_world_size",
+    "run_on_ranks",
+]

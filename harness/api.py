@@ -1,0 +1,307 @@
+"""``run_on_ranks`` and the session state behind it: configuration and one pool per size.
+
+The pytest plugin calls :func:`configure` once from the command-line options; scripts and
+the benchmark use the defaults (gloo on CPU, ``--nproc`` = GPUs if at least 2, else 4).
+Pools start on first use and live until :func:`shutdown` (session end, or interpreter exit).
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import multiprocessing.forkserver
+import os
+import pickle
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from harness.contract import DEFAULT_FACTORY, Unsupported
+from harness.fnref import fn_ref_of
+from harness.launch import forkserver_context
+from harness.outcomes import Outcome, RankFailure, format_story
+from harness.pool import PoolSettings, RankPool
+from harness.protocol import Job
+from harness.worker import pg_timeout_for
+
+__all__ = [
+    "HarnessConfig",
+    "configure",
+    "current_config",
+    "max_world_size",
+    "pool_for",
+    "resolve_backend",
+    "run_on_ranks",
+    "set_output_sink",
+    "shutdown",
+    "warm_up",
+]
+
+BACKENDS = ("auto", "gloo", "nccl")
+OutputSink = Callable[[Sequence[Outcome]], None]
+
+
+def _gpu_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def default_nproc() -> int:
+    """The default ``--nproc``: the number of GPUs if there are at least 2, else 4."""
+    gpus = _gpu_count()
+    return gpus if gpus >= 2 else 4
+
+
+@dataclass
+class HarnessConfig:
+    """Session-wide settings (the plugin fills them from the command line).
+
+    Args:
+        nproc: the largest world size a job may use (``--nproc``).
+        backend: ``auto``, ``gloo`` or ``nccl`` (``--backend``).
+        rank_timeout: default job deadline in seconds (``--rank-timeout``).
+        strategy: the strategy factory, ``module:callable`` (``--strategy``).
+        strategy_options: ``--strategy-option`` values, passed in ``spec.extra``.
+        threads: torch intra-op threads per rank.
+        failure_grace: seconds the other ranks get to finish after one rank failed.
+    """
+
+    nproc: int = field(default_factory=default_nproc)
+    backend: str = "auto"
+    rank_timeout: float = 120.0
+    strategy: str = field(
+        default_factory=lambda: os.environ.get("SHARDCHECK_STRATEGY") or DEFAULT_FACTORY
+    )
+    strategy_options: dict[str, Any] = field(default_factory=dict)
+    threads: int = 1
+    failure_grace: float = 3.0
+
+
+_config = HarnessConfig()
+_pools: dict[int, RankPool] = {}
+_root: str | None = None
+_job_ids = itertools.count(1)
+_sink: OutputSink | None = None
+
+
+def configure(**changes: Any) -> HarnessConfig:
+    """Change session settings (see :class:`HarnessConfig`); running pools are stopped.
+
+    Raises:
+        ValueError: a value is out of range (the message names it and the fix).
+    """
+    global _config
+    new = replace(_config, **changes)
+    if new.nproc < 1:
+        raise ValueError(f"--nproc={new.nproc} must be at least 1.")
+    if new.backend not in BACKENDS:
+        raise ValueError(f"--backend={new.backend!r} is not one of {', '.join(BACKENDS)}.")
+    if not new.rank_timeout > 0:
+        raise ValueError(f"--rank-timeout={new.rank_timeout} must be a positive number of seconds.")
+    if new.backend == "nccl":
+        resolve_backend("nccl", new.nproc)
+    shutdown()
+    _config = new
+    return new
+
+
+def current_config() -> HarnessConfig:
+    """The session settings in force."""
+    return _config
+
+
+def max_world_size() -> int:
+    """The largest world size this session may run (``--nproc``)."""
+    return _config.nproc
+
+
+def set_output_sink(sink: OutputSink | None) -> OutputSink | None:
+    """Route each job's per-rank output to ``sink`` (the plugin's report sections).
+
+    Returns the previous sink. With no sink, output is written to this process's
+    stdout/stderr, each line prefixed with its rank.
+    """
+    global _sink
+    previous, _sink = _sink, sink
+    return previous
+
+
+def resolve_backend(backend: str, world_size: int) -> str:
+    """``auto`` -> ``nccl`` when there is one GPU per rank, else ``gloo``.
+
+    Raises:
+        ValueError: ``nccl`` was asked for without one GPU per rank.
+    """
+    gpus = _gpu_count()
+    if backend == "auto":
+        return "nccl" if gpus >= world_size and torch.distributed.is_nccl_available() else "gloo"
+    if backend == "nccl" and gpus < world_size:
+        raise ValueError(
+            f"--backend nccl needs one GPU per rank: world size {world_size} but {gpus} GPU(s) "
+            "visible; use --backend gloo (CPU) or a smaller --nproc."
+        )
+    return backend
+
+
+def _session_root() -> str:
+    global _root
+    if _root is None:
+        _root = tempfile.mkdtemp(prefix="shardcheck-")
+    return _root
+
+
+def _preload() -> tuple[str, ...]:
+    wanted = [_config.strategy.partition(":")[0], "harness.context"]
+    wanted += [m for m in ("pytest", "_pytest.assertion.rewrite", "hypothesis") if m in sys.modules]
+    return tuple(wanted)
+
+
+def pool_for(world_size: int) -> RankPool:
+    """The session's pool for ``world_size`` (created, not started, on first use)."""
+    pool = _pools.get(world_size)
+    if pool is None:
+        backend = resolve_backend(_config.backend, world_size)
+        settings = PoolSettings(
+            world_size=world_size,
+            backend=backend,
+            pg_timeout=pg_timeout_for(_config.rank_timeout),
+            threads=_config.threads,
+            failure_grace=_config.failure_grace,
+            preload=_preload(),
+        )
+        pool = _pools[world_size] = RankPool(settings, _session_root())
+    return pool
+
+
+def _check_world_size(world_size: Any) -> int:
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"run_on_ranks(world_size={world_size!r}): expected an int.")
+    if world_size < 1:
+        raise ValueError(f"run_on_ranks(world_size={world_size}): must be at least 1.")
+    if world_size > _config.nproc:
+        raise ValueError(
+            f"run_on_ranks(world_size={world_size}) is larger than --nproc={_config.nproc}, "
+            "the largest world size this session may start; run with a larger --nproc or "
+            "mark the test @pytest.mark.world_size(...) so it is skipped."
+        )
+    return world_size
+
+
+def _check_timeout(timeout: Any) -> float:
+    if timeout is None:
+        return _config.rank_timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"run_on_ranks(timeout={timeout!r}): expected seconds as a number.")
+    if not timeout > 0:
+        raise ValueError(
+            f"run_on_ranks(timeout={timeout}): must be a positive number of seconds "
+            f"(or None for --rank-timeout={_config.rank_timeout})."
+        )
+    return float(timeout)
+
+
+def _pickle_args(args: tuple[Any, ...]) -> bytes:
+    try:
+        return pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        raise TypeError(
+            f"run_on_ranks: the arguments cannot be pickled for the ranks "
+            f"({type(exc).__name__}: {exc}); pass plain data or module-level objects."
+        ) from exc
+
+
+def run_on_ranks(
+    fn: Callable[..., Any], *args: Any, world_size: int, timeout: float | None = None
+) -> list[Any]:
+    """Run ``fn(ctx, *args)`` on every rank of the pool of that size; results, index = rank.
+
+    Args:
+        fn: a module-level function of an importable module or of a collected test file.
+        *args: picklable arguments, the same for every rank.
+        world_size: number of ranks (at most ``--nproc``).
+        timeout: the job deadline in seconds; ``None`` means ``--rank-timeout``.
+
+    Raises:
+        RankFailure: a rank raised, crashed or hung; the message tells every rank's story.
+        Unsupported: every rank raised ``Unsupported`` (the strategy refused the config).
+        TypeError, ValueError: bad arguments (named in the message).
+    """
+    __tracebackhide__ = True
+    ref = fn_ref_of(fn)
+    size = _check_world_size(world_size)
+    deadline = _check_timeout(timeout)
+    blob = _pickle_args(args)
+    pool = pool_for(size)
+    job_id = next(_job_ids)
+    tmp_dir = os.path.join(_session_root(), "jobs", f"job-{job_id}")
+    job = Job(ref, blob, deadline, tmp_dir, _config.strategy, dict(_config.strategy_options))
+    what = f"job {job_id}: {ref} at world size {size}"
+    try:
+        outcomes = pool.run(job, job_id, what)
+    finally:
+        if os.path.isdir(tmp_dir):
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+    _publish(outcomes)
+    if all(o.ok for o in outcomes):
+        return [o.value for o in outcomes]
+    if all(isinstance(o.exception, Unsupported) for o in outcomes):
+        raise outcomes[0].exception  # type: ignore[misc]
+    raise RankFailure(format_story(outcomes, what), outcomes)
+
+
+def _publish(outcomes: Sequence[Outcome]) -> None:
+    if not any(o.stdout or o.stderr or o.warnings for o in outcomes):
+        return
+    if _sink is not None:
+        _sink(outcomes)
+        return
+    for o in outcomes:
+        for text, stream in ((o.stdout, sys.stdout), (o.stderr + o.warnings, sys.stderr)):
+            for line in text.splitlines():
+                print(f"[rank {o.rank}] {line}", file=stream)
+
+
+def warm_up() -> None:
+    """Start the forkserver now: it imports torch in the background, so the first pool
+    starts sooner (the plugin calls this at start-up, while pytest collects)."""
+    forkserver_context(_preload())
+    multiprocessing.forkserver.ensure_running()
+
+
+def shutdown(stop_forkserver: bool = False) -> None:
+    """Stop every pool (no rank process is left) and remove the session's temp files.
+
+    Args:
+        stop_forkserver: also stop multiprocessing's forkserver (at session end).
+    """
+    global _root
+    pools = list(_pools.values())
+    _pools.clear()
+    for pool in pools:
+        pool.stop()
+    if _root is not None:
+        shutil.rmtree(_root, ignore_errors=True)
+        _root = None
+    if stop_forkserver:
+        _stop_forkserver()
+
+
+def _stop_forkserver() -> None:
+    """Stop multiprocessing's forkserver at once, even while it still imports torch."""
+    server = getattr(multiprocessing.forkserver, "_forkserver", None)
+    pid = getattr(server, "_forkserver_pid", None)
+    if server is None or pid is None or not hasattr(server, "_stop"):
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)  # no rank is left (pools stopped); nothing to wait for
+    except ProcessLookupError:
+        pass
+    server._stop()
+
+
+atexit.register(shutdown, stop_forkserver=True)

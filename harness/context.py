@@ -1,0 +1,129 @@
+"""What a rank function receives as its first argument."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness.contract import StrategySpec, Unsupported, load_factory, spec_field_names
+
+__all__ = ["RankContext", "StrategyAgreementError"]
+
+_FIXED_FIELDS = frozenset({"family", "rank", "world_size", "device"})
+_FACTORIES: dict[str, Any] = {}
+
+
+class StrategyAgreementError(RuntimeError):
+    """Another rank's strategy factory raised, so this rank's strategy is not usable."""
+
+
+@dataclass
+class RankContext:
+    """The rank's view of the job: who it is, where it runs, how to build the strategy.
+
+    Args:
+        rank: this rank (0 .. world_size - 1).
+        world_size: the number of ranks in the job.
+        device: the rank's device (``cpu`` with gloo, ``cuda:<rank>`` with NCCL).
+        backend: the process-group backend (``gloo`` or ``nccl``).
+        job_dir: path of the job's temp directory (see :attr:`tmp_dir`).
+        job_id: the job's id (unique in the controller's session).
+        factory: the strategy factory, ``module:callable`` (``--strategy``).
+        strategy_options: the ``--strategy-option`` values, merged into ``spec.extra``.
+    """
+
+    rank: int
+    world_size: int
+    device: torch.device
+    backend: str
+    job_dir: str
+    job_id: int = 0
+    factory: str = "reference_impl:make_strategy"
+    strategy_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return (
+            f"RankContext(rank={self.rank}, world_size={self.world_size}, "
+            f"device={self.device}, backend={self.backend!r}, job_id={self.job_id})"
+        )
+
+    @property
+    def tmp_dir(self) -> str:
+        """A fresh directory for this job, the same path on every rank (created on use)."""
+        os.makedirs(self.job_dir, exist_ok=True)
+        return self.job_dir
+
+    def make_strategy(self, family: str, **options: Any) -> Any:
+        """Build this rank's strategy with the selected factory, agreeing across ranks.
+
+        Every rank of the job must call this (it runs one ``all_gather_object``). If the
+        factory raised :class:`Unsupported` on any rank, every rank raises it; if it raised
+        anything else on some rank, that rank re-raises its error and the others raise
+        :class:`StrategyAgreementError` naming it, so no rank is left waiting.
+
+        Args:
+            family: ``"fsdp"`` or ``"model_parallel"``.
+            **options: ``StrategySpec`` fields (``precision``, ``sharding_strategy``, ...);
+                ``extra=`` is merged over the ``--strategy-option`` values.
+
+        Raises:
+            TypeError: an option is not a ``StrategySpec`` field.
+            Unsupported: the factory refused the configuration on some rank.
+        """
+        unknown = sorted(set(options) - (spec_field_names() - _FIXED_FIELDS))
+        if unknown:
+            allowed = ", ".join(sorted(spec_field_names() - _FIXED_FIELDS))
+            raise TypeError(
+                f"make_strategy got unknown option(s) {', '.join(unknown)}; "
+                f"options must be StrategySpec fields: {allowed}."
+            )
+        strategy: Any = None
+        mine: tuple[str, Any]
+        own_error: BaseException | None = None
+        try:
+            extra = {**self.strategy_options, **dict(options.pop("extra", None) or {})}
+            spec = StrategySpec(
+                family=family,  # type: ignore[arg-type]
+                rank=self.rank,
+                world_size=self.world_size,
+                device=self.device,
+                extra=extra,
+                **options,
+            )
+            strategy = _factory(self.factory)(spec)
+            mine = ("ok", None)
+        except Unsupported as exc:
+            mine, own_error = ("unsupported", exc), exc
+        except Exception as exc:
+            mine, own_error = ("error", f"{type(exc).__name__}: {exc}"), exc
+        verdicts: list[Any] = [None] * self.world_size
+        dist.all_gather_object(verdicts, mine)
+        return _agree(self.rank, verdicts, strategy, own_error)
+
+
+def _factory(target: str) -> Any:
+    if target not in _FACTORIES:
+        _FACTORIES[target] = load_factory(target)
+    return _FACTORIES[target]
+
+
+def _agree(rank: int, verdicts: list[Any], strategy: Any, own: BaseException | None) -> Any:
+    for kind, detail in verdicts:
+        if kind == "unsupported":
+            if isinstance(own, Unsupported):
+                raise own
+            raise detail
+    for other, (kind, detail) in enumerate(verdicts):
+        if kind == "error":
+            if own is not None:
+                raise own
+            raise StrategyAgreementError(
+                f"the strategy factory raised on rank {other} ({detail}); rank {rank} "
+                "stops too so that no rank waits in a collective."
+            )
+    return strategy

@@ -1,0 +1,227 @@
+"""What happened on each rank during one job, and the error that tells every rank's story.
+
+A job ends on every rank with exactly one :class:`Outcome`: ``ok`` (the value came back),
+``raised`` (the rank function raised; the remote traceback is kept), ``crashed`` (the rank
+process died: exit code or signal) or ``hung`` (the rank was still running when the deadline
+passed, or some seconds after another rank failed; its Python stacks are kept). Any outcome
+other than ``ok`` makes ``run_on_ranks`` raise :class:`RankFailure`, whose message lists the
+ranks first failure first.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from harness.protocol import ErrorReport, Result
+
+__all__ = [
+    "Outcome",
+    "OutcomeKind",
+    "RankFailure",
+    "RemoteError",
+    "format_story",
+    "outcome_from_error",
+    "outcome_from_result",
+    "tidy_stacks",
+]
+
+OutcomeKind = Literal["ok", "raised", "crashed", "hung"]
+_TAIL_LINES = 20
+
+
+@dataclass
+class RemoteError:
+    """An exception raised on a rank, as the controller sees it.
+
+    Args:
+        type_name: qualified name of the exception class (``module.Class``).
+        message: ``str(exc)``.
+        traceback: the formatted remote traceback (frames of the harness removed).
+        exception: the exception object, when it survived pickling; else ``None``.
+        is_distributed: whether it came from torch.distributed (a collective or the store
+            failed), which means the process group can no longer be trusted.
+    """
+
+    type_name: str
+    message: str
+    traceback: str
+    exception: BaseException | None = None
+    is_distributed: bool = False
+
+
+@dataclass
+class Outcome:
+    """One rank's result of one job.
+
+    Args:
+        rank: the rank.
+        kind: ``ok``, ``raised``, ``crashed`` or ``hung``.
+        value: the returned value (``ok`` only).
+        error: the remote exception (``raised`` only).
+        exitcode: the process exit code, negative for a signal (``crashed`` only).
+        stacks: Python stacks of the rank's threads (``hung``; for ``crashed`` the fatal
+            error dump when there was one).
+        detail: one line on why the outcome was decided (``hung``: which deadline).
+        elapsed: seconds from dispatch until the outcome was known.
+        stdout: what the rank wrote to stdout during the job.
+        stderr: what the rank wrote to stderr during the job.
+        warnings: warnings the rank emitted during the job, formatted.
+    """
+
+    rank: int
+    kind: OutcomeKind
+    value: Any = None
+    error: RemoteError | None = None
+    exitcode: int | None = None
+    stacks: str = ""
+    detail: str = ""
+    elapsed: float = 0.0
+    stdout: str = ""
+    stderr: str = ""
+    warnings: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """Whether the rank returned a value."""
+        return self.kind == "ok"
+
+    @property
+    def signal_name(self) -> str | None:
+        """Name of the signal that killed the rank (``SIGSEGV``), if one did."""
+        if self.exitcode is None or self.exitcode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exitcode).name
+        except ValueError:
+            return f"signal {-self.exitcode}"
+
+    @property
+    def exception(self) -> BaseException | None:
+        """The remote exception object, when the rank raised one that could be pickled."""
+        return self.error.exception if self.error else None
+
+    def headline(self) -> str:
+        """One line: what happened on this rank."""
+        when = f" after {self.elapsed:.2f} s"
+        if self.kind == "ok":
+            return f"rank {self.rank} ok{when}"
+        if self.kind == "raised":
+            assert self.error is not None
+            first = self.error.message.strip().splitlines()[:1]
+            msg = f": {first[0]}" if first else ""
+            return f"rank {self.rank} raised {self.error.type_name}{msg}{when}"
+        if self.kind == "crashed":
+            if self.signal_name is not None:
+                how = f"killed by {self.signal_name} (exit code {self.exitcode})"
+            else:
+                how = f"process exited with code {self.exitcode}"
+            return f"rank {self.rank} crashed: {how}{when}"
+        return f"rank {self.rank} hung: {self.detail}"
+
+    def story(self) -> str:
+        """The headline followed by the traceback, stacks and stderr tail that explain it."""
+        parts = [self.headline()]
+        if self.error is not None:
+            parts.append(_indent(self.error.traceback))
+        if self.stacks:
+            label = "Python stacks" if self.kind == "hung" else "fatal error dump"
+            parts.append(_indent(f"{label}:\n{self.stacks}"))
+        if self.kind in ("crashed", "hung") and self.stderr.strip():
+            tail = "\n".join(self.stderr.rstrip().splitlines()[-_TAIL_LINES:])
+            parts.append(_indent(f"stderr (last lines):\n{tail}"))
+        return "\n".join(p.rstrip() for p in parts if p.strip())
+
+
+_WATCHDOG = re.compile(r'harness[/\\]worker\.py", line \d+ in watch$', re.M)
+_HARNESS_CALL = re.compile(r'harness[/\\]worker\.py", line \d+ in _call$')
+
+
+def tidy_stacks(text: str) -> str:
+    """Keep what explains a rank: drop the harness watchdog thread and the frames below the
+    rank function (the worker loop, multiprocessing's bootstrap) from a faulthandler dump."""
+    blocks = []
+    for block in text.strip().split("\n\n") if text.strip() else []:
+        if _WATCHDOG.search(block) or block.startswith("Extension modules:"):
+            continue
+        lines = []
+        for line in block.splitlines():
+            if _HARNESS_CALL.search(line):
+                break
+            lines.append(line)
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + ("\n" if blocks else "")
+
+
+def _indent(text: str, prefix: str = "    ") -> str:
+    return "\n".join(prefix + line if line else line for line in text.rstrip().splitlines())
+
+
+def _failure_order(outcome: Outcome) -> tuple[int, float, int]:
+    return (outcome.ok, outcome.elapsed, outcome.rank)
+
+
+def format_story(outcomes: Sequence[Outcome], what: str) -> str:
+    """Every rank's story for the message of :class:`RankFailure`, first failure first.
+
+    Args:
+        outcomes: one outcome per rank, index = rank.
+        what: the job, as the first line names it (function, world size, job id).
+    """
+    ordered = sorted(outcomes, key=_failure_order)
+    failed = [o for o in ordered if not o.ok]
+    summary = ", ".join(f"rank {o.rank} {o.kind}" for o in failed)
+    n_ok = len(outcomes) - len(failed)
+    lines = [f"{what}: {summary}; {n_ok} of {len(outcomes)} ranks ok (first failure first)"]
+    lines.extend(o.story() for o in ordered)
+    return "\n".join(lines)
+
+
+class RankFailure(Exception):
+    """A job failed on at least one rank; ``outcomes`` holds every rank's :class:`Outcome`.
+
+    Args:
+        message: every rank's story (see :func:`format_story`).
+        outcomes: one outcome per rank, index = rank.
+    """
+
+    def __init__(self, message: str, outcomes: Sequence[Outcome]) -> None:
+        super().__init__(message)
+        self.outcomes = list(outcomes)
+
+    @property
+    def failed_ranks(self) -> list[int]:
+        """Ranks whose outcome is not ``ok``, first failure first."""
+        return [o.rank for o in sorted(self.outcomes, key=_failure_order) if not o.ok]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.outcomes))
+
+
+def outcome_from_error(rank: int, report: ErrorReport, elapsed: float) -> Outcome:
+    """The ``raised`` outcome for a rank's error event (the exception unpickled if it can be)."""
+    exception = None
+    if report.exception is not None:
+        try:
+            exception = pickle.loads(report.exception)
+        except Exception:
+            exception = None
+    error = RemoteError(
+        report.type_name, report.message, report.traceback, exception, report.is_distributed
+    )
+    return Outcome(rank, "raised", error=error, elapsed=elapsed, warnings=report.warnings)
+
+
+def outcome_from_result(rank: int, result: Result, elapsed: float) -> Outcome:
+    """The ``ok`` outcome for a rank's result event (``raised`` if it cannot be unpickled)."""
+    try:
+        value = pickle.loads(result.value)
+    except Exception as exc:
+        message = f"the controller could not unpickle rank {rank}'s return value: {exc}"
+        error = RemoteError(type(exc).__qualname__, message, "", None)
+        return Outcome(rank, "raised", error=error, elapsed=elapsed, warnings=result.warnings)
+    return Outcome(rank, "ok", value=value, elapsed=elapsed, warnings=result.warnings)

@@ -1,0 +1,250 @@
+"""shardcheck's pytest plugin: options, Hypothesis profiles, the world_size marker, pools.
+
+Loaded through the ``pytest11`` entry point ``shardcheck`` (or ``-p harness.plugin``).
+
+Options: ``--nproc N`` (largest world size), ``--backend auto|gloo|nccl``, ``--rank-timeout
+SECONDS`` (default job deadline), ``--strategy MODULE:CALLABLE`` (env ``SHARDCHECK_STRATEGY``)
+and ``--strategy-option KEY=VALUE`` (repeatable). Hypothesis profiles ``ci``, ``dev`` (the
+default) and ``nightly`` are registered when this module is imported, before Hypothesis'
+own ``--hypothesis-profile`` option loads one. Each rank's output of a job is attached to the
+test's report as sections ``rank N stdout``/``stderr``/``warnings``. Pools stop at the end
+of the session (also after Ctrl-C and ``-x``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Generator, Sequence
+from functools import partial
+from typing import Any
+
+import pytest
+
+from harness import api
+from harness.contract import (
+    DEFAULT_FACTORY,
+    StrategyFactoryError,
+    load_factory,
+    parse_strategy_options,
+)
+from harness.outcomes import Outcome
+
+__all__ = ["register_hypothesis_profiles"]
+
+MARKER = "world_size"
+PROFILE_EXAMPLES = {"ci": 10, "dev": 25, "nightly": 250}
+
+
+def register_hypothesis_profiles() -> None:
+    """Register ``ci``/``dev``/``nightly`` (replacing Hypothesis' built-in ``ci``).
+
+    ``dev`` becomes the active profile unless Hypothesis already loaded ``ci`` (it does so
+    when it detects a CI environment), in which case our ``ci`` is reloaded.
+    """
+    from hypothesis import HealthCheck, settings
+
+    common: dict[str, Any] = {
+        "deadline": None,  # the job deadline (--rank-timeout) replaces Hypothesis' deadline
+        "print_blob": True,
+        "suppress_health_check": [HealthCheck.too_slow],
+    }
+    settings.register_profile(
+        "ci", max_examples=PROFILE_EXAMPLES["ci"], derandomize=True, database=None, **common
+    )
+    settings.register_profile("dev", max_examples=PROFILE_EXAMPLES["dev"], **common)
+    settings.register_profile("nightly", max_examples=PROFILE_EXAMPLES["nightly"], **common)
+    current = settings.get_current_profile_name()
+    if current in ("default", "ci"):
+        settings.load_profile("ci" if current == "ci" else "dev")
+
+
+register_hypothesis_profiles()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Add the shardcheck options."""
+    group = parser.getgroup("shardcheck", "shardcheck rank pool")
+    group.addoption(
+        "--nproc",
+        type=int,
+        default=None,
+        metavar="N",
+        help="largest world size (default: number of GPUs if >= 2, else 4)",
+    )
+    group.addoption(
+        "--backend",
+        choices=api.BACKENDS,
+        default="auto",
+        help="process-group backend; auto = nccl with one GPU per rank, else gloo",
+    )
+    group.addoption(
+        "--rank-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="default deadline of one job on the ranks (default 120)",
+    )
+    group.addoption(
+        "--strategy",
+        default=None,
+        metavar="MODULE:CALLABLE",
+        help=f"strategy factory under test (env SHARDCHECK_STRATEGY; default {DEFAULT_FACTORY})",
+    )
+    group.addoption(
+        "--strategy-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="option passed to the factory in spec.extra (repeatable)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse xdist, check the options, configure the harness session."""
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}(*sizes): world sizes the test runs at; skipped when a size exceeds "
+        "--nproc. A test taking a `world_size` argument is parametrized over the sizes.",
+    )
+    refuse_xdist(config)
+    if config.option.help or config.option.version:
+        return
+    strategy = (
+        config.getoption("strategy") or os.environ.get("SHARDCHECK_STRATEGY") or DEFAULT_FACTORY
+    )
+    try:
+        load_factory(strategy)
+        options = parse_strategy_options(config.getoption("strategy_option"))
+        nproc = config.getoption("nproc")
+        api.configure(
+            nproc=api.default_nproc() if nproc is None else nproc,
+            backend=config.getoption("backend"),
+            rank_timeout=config.getoption("rank_timeout"),
+            strategy=strategy,
+            strategy_options=options,
+        )
+    except (StrategyFactoryError, ValueError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if not config.option.collectonly:
+        api.warm_up()
+
+
+def refuse_xdist(config: Any) -> None:
+    """Raise a usage error under pytest-xdist: the ranks already are the parallelism."""
+    workers = getattr(config.option, "numprocesses", None)
+    if workers or hasattr(config, "workerinput"):
+        raise pytest.UsageError(
+            f"shardcheck cannot run under pytest-xdist (-n {workers or '?'}): each test "
+            "already runs on a pool of rank processes. Drop -n; set the number of ranks "
+            "with --nproc."
+        )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """One header line with the session's harness settings."""
+    cfg = api.current_config()
+    return (
+        f"shardcheck: nproc={cfg.nproc} backend={cfg.backend} "
+        f"rank-timeout={cfg.rank_timeout:g}s strategy={cfg.strategy}"
+    )
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Stop every pool and the forkserver: no process outlives the session."""
+    api.shutdown(stop_forkserver=True)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop the pools as soon as the session ends (also after Ctrl-C and -x)."""
+    api.shutdown()
+
+
+def marker_sizes(marker: pytest.Mark) -> list[int]:
+    """The world sizes a ``world_size`` marker declares, checked."""
+    sizes = list(marker.args)
+    if not sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes):
+        raise ValueError(
+            f"@pytest.mark.world_size{tuple(sizes)!r}: give one or more positive ints, "
+            "for example @pytest.mark.world_size(2, 4)."
+        )
+    return sizes
+
+
+def _too_big(size: int) -> str | None:
+    nproc = api.max_world_size()
+    if size <= nproc:
+        return None
+    return (
+        f"environment: needs world size {size} but --nproc is {nproc}; "
+        f"run with --nproc {size} or more"
+    )
+
+
+def _parametrized(metafunc: pytest.Metafunc, name: str) -> bool:
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        names = mark.args[0] if mark.args else mark.kwargs.get("argnames", "")
+        names = names.split(",") if isinstance(names, str) else names
+        if name in [n.strip() for n in names]:
+            return True
+    return False
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize a ``world_size`` argument over the marker's sizes (too big ones skip)."""
+    marker = metafunc.definition.get_closest_marker(MARKER)
+    if marker is None or MARKER not in metafunc.fixturenames or _parametrized(metafunc, MARKER):
+        return
+    params = []
+    for size in marker_sizes(marker):
+        reason = _too_big(size)
+        marks = [pytest.mark.skip(reason=reason)] if reason else []
+        params.append(pytest.param(size, id=f"ws{size}", marks=marks))
+    metafunc.parametrize(MARKER, params)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark tests whose declared world size exceeds --nproc as skipped, saying why."""
+    for item in items:
+        marker = item.get_closest_marker(MARKER)
+        if marker is None:
+            continue
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and MARKER in callspec.params:
+            continue  # parametrized by pytest_generate_tests, which marks too-big sizes
+        reasons = [r for r in map(_too_big, marker_sizes(marker)) if r]
+        if reasons:
+            item.add_marker(pytest.mark.skip(reason=reasons[-1]))
+
+
+def attach_output(item: pytest.Item, when: str, outcomes: Sequence[Outcome]) -> None:
+    """Add each rank's captured output to the test's report sections."""
+    for o in outcomes:
+        for name, text in (("stdout", o.stdout), ("stderr", o.stderr), ("warnings", o.warnings)):
+            if text:
+                item.add_report_section(when, f"rank {o.rank} {name}", text)
+
+
+def _with_sink(item: pytest.Item, when: str) -> Generator[None, Any, Any]:
+    previous = api.set_output_sink(partial(attach_output, item, when))
+    try:
+        return (yield)
+    finally:
+        api.set_output_sink(previous)
+
+
+@pytest.hookimpl(wrapper=True, specname="pytest_runtest_setup")
+def pytest_shardcheck_setup_output(item: pytest.Item) -> Generator[None, Any, Any]:
+    """Attach rank output of jobs run during setup (fixtures) to the report."""
+    return (yield from _with_sink(item, "setup"))
+
+
+@pytest.hookimpl(wrapper=True, specname="pytest_runtest_call")
+def pytest_shardcheck_call_output(item: pytest.Item) -> Generator[None, Any, Any]:
+    """Attach rank output of jobs run by the test to the report."""
+    return (yield from _with_sink(item, "call"))
+
+
+@pytest.hookimpl(wrapper=True, specname="pytest_runtest_teardown")
+def pytest_shardcheck_teardown_output(item: pytest.Item) -> Generator[None, Any, Any]:
+    """Attach rank output of jobs run during teardown to the report."""
+    return (yield from _with_sink(item, "teardown"))

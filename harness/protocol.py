@@ -1,0 +1,141 @@
+"""The named events exchanged between the controller and the rank workers.
+
+Every message is a small named tuple that carries the job id it belongs to, pickled once
+and sent over the rank's pipe (``Connection.send_bytes``). The controller drops a reply
+whose job id is not the one it waits for, so a late answer to an abandoned job can never be
+mistaken for the current one.
+
+Controller -> worker (:class:`Command`):
+    ``job``      run a :class:`Job` (payload) and answer ``result`` or ``error``.
+    ``state``    report the cross-rank state the health check compares (answer ``state``).
+    ``barrier``  join a barrier bounded by ``payload`` seconds (answer ``healthy``/``error``).
+    ``stop``     leave the process group and exit.
+
+Worker -> controller (:class:`Event`):
+    ``ready``    the rank joined the process group (payload: its pid).
+    ``result``   the job returned (payload: :class:`Result`).
+    ``error``    the job, or a health step, raised (payload: :class:`ErrorReport`).
+    ``state``    answer to ``state`` (payload: a dict of comparable values).
+    ``healthy``  the barrier passed.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+__all__ = [
+    "Command",
+    "ErrorReport",
+    "Event",
+    "FnRef",
+    "Job",
+    "Result",
+    "decode",
+    "encode",
+]
+
+JOB, STATE, BARRIER, STOP = "job", "state", "barrier", "stop"
+READY, RESULT, ERROR, HEALTHY = "ready", "result", "error", "healthy"
+
+
+class Command(NamedTuple):
+    """A message from the controller to a worker."""
+
+    kind: str
+    job_id: int
+    payload: Any = None
+
+
+class Event(NamedTuple):
+    """A message from a worker to the controller."""
+
+    kind: str
+    job_id: int
+    rank: int
+    payload: Any = None
+
+
+@dataclass(frozen=True)
+class FnRef:
+    """How a rank finds the function to run.
+
+    Args:
+        module: the function's module name (``__module__``).
+        qualname: its qualified name inside the module.
+        path: the module's file, used when the module is a test file pytest imported (such
+            directories may lack ``__init__.py``).
+        rewrite: whether to import that file with pytest's assertion rewriting.
+    """
+
+    module: str
+    qualname: str
+    path: str | None = None
+    rewrite: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.module}:{self.qualname}"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One call of ``fn(ctx, *args)`` on every rank.
+
+    Args:
+        fn: where to find the function.
+        args: the pickled argument tuple.
+        timeout: the job deadline in seconds; the process-group timeout is set below it.
+        tmp_dir: the job's temp directory (same path on every rank).
+        factory: the strategy factory, ``module:callable``.
+        strategy_options: the ``--strategy-option`` values, merged into ``spec.extra``.
+    """
+
+    fn: FnRef
+    args: bytes
+    timeout: float
+    tmp_dir: str
+    factory: str
+    strategy_options: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Result:
+    """A returned value (pickled on the rank) with the warnings the job emitted."""
+
+    value: bytes
+    warnings: str
+    elapsed: float
+
+
+@dataclass(frozen=True)
+class ErrorReport:
+    """An exception on a rank, in a form that always pickles.
+
+    Args:
+        type_name: qualified name of the exception class.
+        message: ``str(exc)``.
+        traceback: the formatted remote traceback.
+        exception: ``pickle.dumps(exc)`` when that worked, else ``None``.
+        is_distributed: the exception came from torch.distributed.
+        warnings: warnings the job emitted before it raised.
+        elapsed: seconds the job ran on this rank.
+    """
+
+    type_name: str
+    message: str
+    traceback: str
+    exception: bytes | None
+    is_distributed: bool
+    warnings: str = ""
+    elapsed: float = 0.0
+
+
+def encode(message: Command | Event) -> bytes:
+    """Pickle one message (once, however many ranks receive it)."""
+    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode(data: bytes) -> Any:
+    """Unpickle one message."""
+    return pickle.loads(data)

@@ -1,0 +1,283 @@
+"""The rank process: join the process group once, then run jobs until told to stop.
+
+A worker is forked from the forkserver (torch and the distributed modules already
+imported), becomes the leader of its own process group (so the controller can kill it with
+everything it started), points stdout/stderr at per-rank files, arms ``faulthandler`` (fatal
+signals and ``SIGUSR1`` dump Python stacks to a per-rank file), joins the default process
+group through the controller's store, and then serves :mod:`harness.protocol` commands.
+A watchdog thread kills the rank's process group when the controller's end of the life
+pipe closes, so a dead controller never leaves ranks behind.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import pickle
+import signal
+import threading
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness.context import RankContext
+from harness.fnref import install_rewriting, resolve_fn
+from harness.isolation import (
+    Baseline,
+    OutputCapture,
+    capture_warnings,
+    cross_rank_state,
+    format_warnings,
+)
+from harness.protocol import (
+    BARRIER,
+    ERROR,
+    HEALTHY,
+    JOB,
+    READY,
+    RESULT,
+    STATE,
+    STOP,
+    Command,
+    ErrorReport,
+    Event,
+    Job,
+    Result,
+    decode,
+    encode,
+)
+from harness.warmup import tiny_fsdp2_step
+
+__all__ = ["WorkerSpec", "pg_timeout_for", "worker_main"]
+
+STACK_SIGNAL = signal.SIGUSR1
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a rank needs to start.
+
+    Args:
+        rank: this rank.
+        world_size: the pool's world size.
+        backend: ``gloo`` or ``nccl``.
+        store_port: port of the controller's TCPStore on 127.0.0.1.
+        pg_timeout: initial process-group timeout in seconds (set per job later).
+        threads: torch intra-op threads for this rank.
+        stdout_path: per-rank stdout capture file.
+        stderr_path: per-rank stderr capture file.
+        stacks_path: per-rank file for faulthandler's stack dumps.
+        rewrite: modules (name -> path) to import with pytest's assertion rewriting.
+        warm_up: run :func:`harness.warmup.tiny_fsdp2_step` once before reporting ready.
+    """
+
+    rank: int
+    world_size: int
+    backend: str
+    store_port: int
+    pg_timeout: float
+    threads: int
+    stdout_path: str
+    stderr_path: str
+    stacks_path: str
+    rewrite: dict[str, str] = field(default_factory=dict)
+    warm_up: bool = True
+
+
+def pg_timeout_for(deadline: float) -> float:
+    """A process-group timeout safely below the job deadline."""
+    return max(0.5, deadline - max(1.0, 0.1 * deadline))
+
+
+def worker_main(spec: WorkerSpec, conn: Connection, life: Connection) -> None:
+    """Entry point of a rank process (the target of ``multiprocessing.Process``)."""
+    own_group = _become_group_leader()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _watch_controller(life, own_group)
+    capture = OutputCapture(spec.stdout_path, spec.stderr_path)
+    stacks = open(spec.stacks_path, "a")
+    faulthandler.enable(stacks, all_threads=True)
+    faulthandler.register(STACK_SIGNAL, stacks, all_threads=True, chain=False)
+    try:
+        rank = _Rank(spec, conn, capture)
+    except BaseException as exc:
+        conn.send_bytes(encode(Event(ERROR, 0, spec.rank, _report(exc, 0.0, ""))))
+        capture.flush()
+        os._exit(1)
+    conn.send_bytes(encode(Event(READY, 0, spec.rank, os.getpid())))
+    rank.serve()
+
+
+def _become_group_leader() -> bool:
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        return False
+    return os.getpgid(0) == os.getpid()
+
+
+def _watch_controller(life: Connection, own_group: bool) -> None:
+    def watch() -> None:
+        try:
+            life.recv_bytes()
+        except (EOFError, OSError):
+            pass
+        if own_group:
+            os.killpg(0, signal.SIGKILL)
+        os._exit(70)
+
+    threading.Thread(target=watch, name="shardcheck-watchdog", daemon=True).start()
+
+
+class _Rank:
+    """One rank's serving loop; joins the default process group on construction."""
+
+    def __init__(self, spec: WorkerSpec, conn: Connection, capture: OutputCapture) -> None:
+        self.spec = spec
+        self.conn = conn
+        self.capture = capture
+        torch.set_num_threads(spec.threads)
+        install_rewriting(spec.rewrite)
+        self.device = _device(spec)
+        store = dist.TCPStore(
+            "127.0.0.1",
+            spec.store_port,
+            spec.world_size,
+            is_master=False,
+            timeout=timedelta(seconds=max(spec.pg_timeout, 30.0)),
+        )
+        kwargs: dict[str, Any] = {}
+        if spec.backend == "nccl":
+            kwargs["device_id"] = self.device
+        self.pg_timeout = spec.pg_timeout
+        dist.init_process_group(
+            spec.backend,
+            store=store,
+            rank=spec.rank,
+            world_size=spec.world_size,
+            timeout=timedelta(seconds=spec.pg_timeout),
+            **kwargs,
+        )
+        if spec.warm_up:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                tiny_fsdp2_step(self.device)
+        dist.barrier()
+        self.baseline = Baseline()
+
+    def serve(self) -> None:
+        """Answer commands until ``stop`` or until the controller's pipe closes."""
+        handlers = {JOB: self.run_job, STATE: self.state, BARRIER: self.barrier}
+        while True:
+            try:
+                command: Command = decode(self.conn.recv_bytes())
+            except (EOFError, OSError):
+                break
+            if command.kind == STOP:
+                break
+            reply = handlers[command.kind](command)
+            self.conn.send_bytes(encode(reply))
+        self.capture.flush()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def _set_pg_timeout(self, seconds: float) -> None:
+        if seconds != self.pg_timeout and dist.is_initialized():
+            dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds))
+            self.pg_timeout = seconds
+
+    def run_job(self, command: Command) -> Event:
+        """Run one job with isolation, output capture and a picklable reply."""
+        job: Job = command.payload
+        self.capture.start_job()
+        ctx = RankContext(
+            rank=self.spec.rank,
+            world_size=self.spec.world_size,
+            device=self.device,
+            backend=self.spec.backend,
+            job_dir=job.tmp_dir,
+            job_id=command.job_id,
+            factory=job.factory,
+            strategy_options=job.strategy_options,
+        )
+        start = time.perf_counter()
+        with capture_warnings() as records:
+            try:
+                self.baseline.reset()
+                self._set_pg_timeout(pg_timeout_for(job.timeout))
+                value = _call(job, ctx)
+                payload: Any = Result(_pickle_result(value, ctx.rank), "", 0.0)
+            except BaseException as exc:
+                payload = exc
+        elapsed = time.perf_counter() - start
+        warned = format_warnings(records) if records else ""
+        self.capture.flush()
+        try:
+            self.baseline.cleanup()
+        except Exception as exc:  # reported: the job left state the harness cannot undo
+            payload = exc
+        if isinstance(payload, BaseException):
+            return Event(ERROR, command.job_id, ctx.rank, _report(payload, elapsed, warned))
+        return Event(RESULT, command.job_id, ctx.rank, Result(payload.value, warned, elapsed))
+
+    def state(self, command: Command) -> Event:
+        """Report the state the health check compares across ranks."""
+        return Event(STATE, command.job_id, self.spec.rank, cross_rank_state())
+
+    def barrier(self, command: Command) -> Event:
+        """Join a barrier with a short timeout: proves every rank still talks."""
+        start = time.perf_counter()
+        try:
+            self._set_pg_timeout(float(command.payload))
+            dist.barrier()
+        except BaseException as exc:
+            return Event(ERROR, command.job_id, self.spec.rank, _report(exc, 0.0, ""))
+        return Event(HEALTHY, command.job_id, self.spec.rank, time.perf_counter() - start)
+
+
+def _device(spec: WorkerSpec) -> torch.device:
+    if spec.backend == "nccl":
+        torch.cuda.set_device(spec.rank)
+        return torch.device("cuda", spec.rank)
+    return torch.device("cpu")
+
+
+def _call(job: Job, ctx: RankContext) -> Any:
+    fn = resolve_fn(job.fn)
+    args = pickle.loads(job.args)
+    return fn(ctx, *args)
+
+
+def _pickle_result(value: Any, rank: int) -> bytes:
+    try:
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        raise TypeError(
+            f"the return value of rank {rank} is not picklable ({type(exc).__name__}: {exc}); "
+            "return plain data (numbers, strings, tensors, dicts/lists of them)."
+        ) from None
+
+
+def _report(exc: BaseException, elapsed: float, warned: str) -> ErrorReport:
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    text = "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
+    try:
+        blob: bytes | None = pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        blob = None
+    cls = type(exc)
+    name = (
+        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    )
+    message = str(exc)
+    is_dist = isinstance(exc, dist.DistError) or "gloo" in message.lower()
+    return ErrorReport(name, message, text, blob, is_dist, warned, elapsed)

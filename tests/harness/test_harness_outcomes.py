@@ -1,0 +1,74 @@
+"""The wording of outcomes and of RankFailure (single process, fast)."""
+
+from __future__ import annotations
+
+import pickle
+
+from harness import Outcome, RankFailure
+from harness.outcomes import RemoteError, format_story, tidy_stacks
+
+
+def _outcomes() -> list[Outcome]:
+    return [
+        Outcome(
+            0, "raised", error=RemoteError("ValueError", "bad\nmore", "Traceback: tb0"), elapsed=0.5
+        ),
+        Outcome(1, "crashed", exitcode=-11, elapsed=0.1, stderr="line1\nboom\n"),
+        Outcome(2, "ok", value=3, elapsed=0.05),
+        Outcome(
+            3,
+            "hung",
+            detail="still running at the deadline (4.0 s)",
+            elapsed=4.0,
+            stacks='  File "x.py", line 3 in spin\n',
+        ),
+        Outcome(4, "crashed", exitcode=3, elapsed=0.2),
+    ]
+
+
+def test_story_is_ordered_first_failure_first_with_ok_ranks_last() -> None:
+    story = format_story(_outcomes(), "job 7: m:f at world size 5")
+    lines = story.splitlines()
+    assert lines[0] == (
+        "job 7: m:f at world size 5: rank 1 crashed, rank 4 crashed, "
+        "rank 0 raised, rank 3 hung; 1 of 5 ranks ok (first failure first)"
+    )
+    heads = [line for line in lines if line.startswith("rank ")]
+    assert heads == [
+        "rank 1 crashed: killed by SIGSEGV (exit code -11) after 0.10 s",
+        "rank 4 crashed: process exited with code 3 after 0.20 s",
+        "rank 0 raised ValueError: bad after 0.50 s",
+        "rank 3 hung: still running at the deadline (4.0 s)",
+        "rank 2 ok after 0.05 s",
+    ]
+    assert "    Traceback: tb0" in lines
+    assert "    Python stacks:" in lines
+    assert lines[lines.index("    stderr (last lines):") + 2] == "    boom"  # stderr tail
+
+
+def test_rank_failure_exposes_outcomes_and_pickles() -> None:
+    outcomes = _outcomes()
+    failure = RankFailure(format_story(outcomes, "job"), outcomes)
+    assert failure.failed_ranks == [1, 4, 0, 3]
+    copy = pickle.loads(pickle.dumps(failure))
+    assert str(copy) == str(failure)
+    assert [o.kind for o in copy.outcomes] == [o.kind for o in outcomes]
+
+
+def test_tidy_stacks_drops_the_watchdog_and_harness_frames() -> None:
+    dump = (
+        "Thread 0x1 (most recent call first):\n"
+        '  File "/r/harness/worker.py", line 9 in watch\n'
+        '  File "/lib/threading.py", line 9 in run\n'
+        "\n"
+        "Current thread 0x2 (most recent call first):\n"
+        '  File "/t/test_x.py", line 5 in spin\n'
+        '  File "/r/harness/worker.py", line 12 in _call\n'
+        '  File "/r/harness/worker.py", line 40 in run_job\n'
+        "\n"
+        "Extension modules: numpy (total: 1)\n"
+    )
+    assert tidy_stacks(dump) == (
+        'Current thread 0x2 (most recent call first):\n  File "/t/test_x.py", line 5 in spin\n'
+    )
+    assert tidy_stacks("") == ""

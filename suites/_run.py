@@ -1,0 +1,160 @@
+"""Running scenarios on the ranks: set-up and training through the plug-in contract only.
+
+Rank side: :func:`setup` builds the strategy with ``ctx.make_strategy`` and the model and
+optimizer of a scenario; :func:`train` runs its plan (micro-batches under
+``no_backward_sync``, clipping, steps); :func:`train_rank` does both and returns a
+:class:`RankResult` of CPU tensors read with torch's own APIs.
+
+Controller side: :func:`run` calls ``harness.run_on_ranks`` and turns an ``Unsupported``
+configuration into ``hypothesis.reject()`` inside a Hypothesis test (the plugin records it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from suites.models import build_model, make_batch
+from suites.oracles import gathered_grads, gathered_state
+from suites.specs import Scenario
+
+__all__ = ["RankResult", "Trained", "run", "setup", "train", "train_rank"]
+
+
+@dataclass
+class Trained:
+    """The live objects of a rank after :func:`setup`."""
+
+    strategy: Any
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+
+
+@dataclass
+class RankResult:
+    """What one rank reports to the controller (picklable, CPU tensors).
+
+    Attributes:
+        rank: the global rank.
+        dp_rank: the data-parallel rank it took its batches for
+            (``strategy.distributed_sampler_kwargs["rank"]``).
+        losses: ``losses[step][micro]``: unscaled micro-batch losses.
+        norms: what ``clip_gradients_norm`` returned, per step.
+        state: the gathered model state dict after training.
+        grads: the gathered gradients of the last step (when asked for).
+        extra: test-specific observations.
+    """
+
+    rank: int
+    dp_rank: int
+    losses: list[list[float]] = field(default_factory=list)
+    norms: list[float] = field(default_factory=list)
+    state: dict[str, Tensor] = field(default_factory=dict)
+    grads: dict[str, Tensor | None] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def setup(ctx: Any, scenario: Scenario, **overrides: Any) -> Trained:
+    """Build strategy, model and optimizer of ``scenario`` on this rank.
+
+    Args:
+        ctx: the harness ``RankContext``.
+        scenario: the scenario.
+        **overrides: strategy options replacing the scenario's (e.g. ``auto_wrap_policy``).
+    """
+    options = {**scenario.options(), **overrides}
+    strategy = ctx.make_strategy(scenario.family, **options)
+    strategy.setup_environment()
+    with strategy.module_init_context(empty_init=scenario.empty_init):
+        model = build_model(scenario.model)
+    model = strategy.setup_module(model)
+    optimizer = strategy.setup_optimizer(scenario.optim.build(model.named_parameters()))
+    return Trained(strategy, model, optimizer)
+
+
+def micro_step(t: Trained, scenario: Scenario, step: int, micro: int, dp_rank: int) -> float:
+    """Forward and backward of one micro-batch; returns its unscaled loss."""
+    plan = scenario.plan
+    x, y = make_batch(scenario.model, plan.data_seed, step, micro, dp_rank, plan.batch_size)
+    device = t.strategy.root_device
+    x = t.strategy.precision.convert_input(x.to(device))
+    with t.strategy.precision.forward_context():
+        out = t.model(x)
+    loss = F.mse_loss(out.float(), y.to(device)) * plan.loss_scale
+    t.strategy.backward(loss / plan.micro_batches, t.model)
+    return float(loss.detach())
+
+
+def train(
+    t: Trained,
+    scenario: Scenario,
+    result: RankResult,
+    *,
+    steps: int | None = None,
+    grads: bool = False,
+) -> None:
+    """Run the scenario's plan; record losses and clip norms into ``result``.
+
+    All micro-batches but the last of a step run under ``no_backward_sync(enabled=True)``;
+    with one micro-batch the context is entered with ``enabled=False`` (a no-op).
+
+    Args:
+        t: the set-up objects.
+        scenario: the scenario.
+        result: where losses, norms (and grads) go.
+        steps: override ``scenario.plan.steps``.
+        grads: gather the last step's gradients (after clipping) into ``result.grads``.
+    """
+    plan = scenario.plan
+    steps = plan.steps if steps is None else steps
+    for step in range(steps):
+        losses = []
+        for micro in range(plan.micro_batches):
+            accumulate = micro < plan.micro_batches - 1
+            with t.strategy.no_backward_sync(t.model, enabled=accumulate):
+                losses.append(micro_step(t, scenario, step, micro, result.dp_rank))
+        result.losses.append(losses)
+        if plan.clip is not None:
+            norm = t.strategy.clip_gradients_norm(t.model, t.optimizer, max_norm=plan.clip)
+            result.norms.append(float(norm))
+        if grads and step == steps - 1:
+            result.grads = gathered_grads(t.model)
+        t.strategy.optimizer_step(t.optimizer)
+        t.optimizer.zero_grad()
+
+
+def train_rank(ctx: Any, scenario: Scenario, grads: bool = False) -> RankResult:
+    """Rank function: set up, train the plan, return the gathered state (and grads).
+
+    Args:
+        ctx: the harness ``RankContext``.
+        scenario: the scenario.
+        grads: also gather the last step's gradients (after clipping, before the step).
+    """
+    t = setup(ctx, scenario)
+    result = RankResult(rank=ctx.rank, dp_rank=t.strategy.distributed_sampler_kwargs["rank"])
+    train(t, scenario, result, grads=grads)
+    result.state = gathered_state(t.model)
+    t.strategy.teardown()
+    return result
+
+
+def run(fn: Callable[..., Any], *args: Any, world_size: int) -> list[Any]:
+    """``harness.run_on_ranks``, with ``Unsupported`` turned into ``hypothesis.reject()``
+    inside a Hypothesis test (re-raised outside one, for the plugin to report)."""
+    from harness import Unsupported, run_on_ranks
+
+    try:
+        return run_on_ranks(fn, *args, world_size=world_size)
+    except Unsupported:
+        from hypothesis import reject
+        from hypothesis.control import currently_in_test_context
+
+        if currently_in_test_context():
+            reject()
+        raise

@@ -1,0 +1,346 @@
+"""Oracles: the single-process reference, gathered-state readers, and comparisons.
+
+The oracle never trusts the strategy under test:
+- the expected values come from the plain, unsharded zoo model trained in ONE process on the
+  concatenated batch of the data-parallel ranks, with the loss averaged over ranks
+  (TRAIN-1), computed in the controller by :func:`reference_run`;
+- gathered state is read on the ranks with torch's own APIs (:func:`gathered_state`,
+  :func:`gathered_grads`, :func:`gathered_optim_state`), never with the strategy's
+  save/load;
+- :func:`assert_close` and friends fail with the parameter's name, the worst element's index
+  and both values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from suites.models import build_model, clean_name, make_batch
+from suites.specs import Scenario
+from suites.tolerances import EXACT, Tolerance, tolerance
+
+__all__ = [
+    "Reference",
+    "assert_close",
+    "assert_close_state",
+    "assert_parity",
+    "assert_same_on_ranks",
+    "gathered_grads",
+    "gathered_optim_state",
+    "gathered_state",
+    "low_dtype",
+    "named_optim_state",
+    "reference_run",
+    "scenario_tolerance",
+]
+
+_LOW = {"16-true": torch.float16, "bf16-true": torch.bfloat16}
+
+
+def low_dtype(precision: str) -> torch.dtype | None:
+    """The parameter dtype of a ``*-true`` low precision (None otherwise)."""
+    return _LOW.get(precision)
+
+
+def scenario_tolerance(scenario: Scenario) -> Tolerance:
+    """The tolerance of ``scenario``'s whole run (its precision, optimizer, lr and steps)."""
+    return tolerance(
+        scenario.precision,
+        scenario.optim.kind,
+        lr=scenario.optim.max_lr,
+        steps=scenario.plan.steps,
+    )
+
+
+# --- readers (run on the ranks; collective: call them on every rank) ---------------------
+
+
+def gathered_state(model: nn.Module) -> dict[str, Tensor]:
+    """The full (unsharded) model state dict, cloned to CPU, keys without wrapper prefixes.
+
+    Read with ``get_model_state_dict(full_state_dict=True)``; never with ``cpu_offload``
+    (FSDP1 segfaults on CPU with it, FINDINGS.md).
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return {clean_name(k): _to_cpu(cast(Tensor, v)) for k, v in state.items()}
+
+
+def gathered_grads(model: nn.Module) -> dict[str, Tensor | None]:
+    """The full gradient of every parameter (None where it has none), by clean name.
+
+    FSDP1: ``FullyShardedDataParallel.summon_full_params(with_grads=True)``; DTensor
+    parameters (FSDP2, tensor parallel): ``grad.full_tensor()``.
+    """
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.tensor import DTensor
+
+    out: dict[str, Tensor | None] = {}
+    if any(isinstance(m, FSDP) for m in model.modules()):
+        root = next(m for m in model.modules() if isinstance(m, FSDP))
+        with FSDP.summon_full_params(root, writeback=False, with_grads=True):
+            for name, p in model.named_parameters():
+                out[clean_name(name)] = None if p.grad is None else _to_cpu(p.grad)
+        return out
+    for name, p in model.named_parameters():
+        grad = p.grad
+        if isinstance(grad, DTensor):
+            grad = grad.full_tensor()
+        out[clean_name(name)] = None if grad is None else _to_cpu(grad)
+    return out
+
+
+def gathered_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """The full optimizer state dict keyed by parameter names (torch's own gather)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+    )
+
+    state = get_optimizer_state_dict(
+        model, optimizer, options=StateDictOptions(full_state_dict=True)
+    )
+    return cast(dict, _tree_to_cpu(state))
+
+
+def named_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """A plain (single-process) optimizer's state keyed by parameter names, like
+    :func:`gathered_optim_state` gives for a sharded one."""
+    names = {id(p): clean_name(n) for n, p in model.named_parameters()}
+    state = {names[id(p)]: _tree_to_cpu(dict(s)) for p, s in optimizer.state.items()}
+    groups = []
+    for group in optimizer.param_groups:
+        hyper = {k: v for k, v in group.items() if k != "params"}
+        hyper["params"] = [names[id(p)] for p in group["params"]]
+        groups.append(hyper)
+    return {"state": state, "param_groups": groups}
+
+
+def _to_cpu(t: Tensor) -> Tensor:
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(t, DTensor):
+        t = t.full_tensor()
+    return t.detach().to("cpu", copy=True)
+
+
+def _tree_to_cpu(obj: object) -> object:
+    if isinstance(obj, Tensor):
+        return _to_cpu(obj)
+    if isinstance(obj, dict):
+        return {k: _tree_to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_tree_to_cpu(v) for v in obj)
+    return obj
+
+
+# --- the single-process reference (runs in the controller) -------------------------------
+
+
+@dataclass
+class Reference:
+    """What the plain model did.
+
+    Attributes:
+        losses: ``losses[step][micro][dp_rank]``: each data-parallel rank's unscaled
+            micro-batch loss, before that step's update.
+        norms: the total gradient norm before clipping, per step (clipped plans only).
+        state: the final model state dict (parameters and persistent buffers).
+        grads: the gradients of the last step (after clipping), by name.
+        initial: the state dict before training.
+    """
+
+    losses: list[list[list[float]]] = field(default_factory=list)
+    norms: list[float] = field(default_factory=list)
+    state: dict[str, Tensor] = field(default_factory=dict)
+    grads: dict[str, Tensor | None] = field(default_factory=dict)
+    initial: dict[str, Tensor] = field(default_factory=dict)
+
+
+def reference_model(scenario: Scenario) -> nn.Module:
+    """The plain fp32 model; under ``*-true`` low precisions its initial values are rounded
+    to that dtype first, as the strategy creates them."""
+    model = build_model(scenario.model)
+    low = low_dtype(scenario.precision)
+    if low is not None:
+        with torch.no_grad():
+            for t in [*model.parameters(), *model.buffers()]:
+                t.copy_(t.to(low).float())
+    return model
+
+
+def reference_run(scenario: Scenario, *, steps: int | None = None) -> Reference:
+    """Train the plain model on the concatenated data of the data-parallel ranks.
+
+    Per step, micro-batch ``i`` of rank ``r`` contributes ``loss(r, i) / (dp * m)`` to the
+    gradient: the mean over ranks of each rank's ``loss / m``, as the sharded run's
+    gradient reduction (mean over data-parallel ranks) and accumulation give.
+
+    Args:
+        scenario: the scenario.
+        steps: override ``scenario.plan.steps`` (e.g. 0 for the initial state only).
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: extra threads only contend with the ranks
+    try:
+        return _reference_run(scenario, scenario.plan.steps if steps is None else steps)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _reference_run(scenario: Scenario, steps: int) -> Reference:
+    plan, dp = scenario.plan, scenario.dp_size
+    model = reference_model(scenario)
+    ref = Reference(initial={k: v.clone() for k, v in model.state_dict().items()})
+    optimizer = scenario.optim.build(model.named_parameters())
+    for step in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        step_losses: list[list[float]] = []
+        for micro in range(plan.micro_batches):
+            per_rank = []
+            for r in range(dp):
+                x, y = make_batch(scenario.model, plan.data_seed, step, micro, r, plan.batch_size)
+                loss = F.mse_loss(model(x).float(), y) * plan.loss_scale
+                (loss / (dp * plan.micro_batches)).backward()
+                per_rank.append(loss.item())
+            step_losses.append(per_rank)
+        ref.losses.append(step_losses)
+        if plan.clip is not None:
+            params = [p for p in model.parameters() if p.grad is not None]
+            ref.norms.append(float(torch.nn.utils.clip_grad_norm_(params, plan.clip)))
+        ref.grads = {
+            clean_name(n): None if p.grad is None else p.grad.detach().clone()
+            for n, p in model.named_parameters()
+        }
+        optimizer.step()
+    ref.state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return ref
+
+
+# --- comparisons ------------------------------------------------------------------------
+
+
+def assert_close(actual: Tensor, expected: Tensor, tol: Tolerance, *, name: str) -> None:
+    """Fail unless ``actual`` is within ``tol`` of ``expected`` (same shape).
+
+    The message names ``name``, the number of bad elements, the worst element's index and
+    both values, and the tolerance with its reason.
+    """
+    if actual.shape != expected.shape:
+        raise AssertionError(
+            f"{name}: shape {tuple(actual.shape)} differs from the reference's "
+            f"{tuple(expected.shape)}"
+        )
+    a, e = actual.detach().double().cpu(), expected.detach().double().cpu()
+    if tol == EXACT or (tol.rtol == 0 and tol.atol == 0):
+        if torch.equal(actual.cpu(), expected.cpu()) or torch.equal(a, e):
+            return
+        allowed = torch.zeros_like(e)
+    else:
+        allowed = tol.atol + tol.rtol * e.abs()
+    diff = (a - e).abs()
+    bad = ~(diff <= allowed)  # NaN counts as bad
+    if not bool(bad.any()):
+        return
+    excess = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff - allowed)
+    flat = int(torch.argmax(excess.reshape(-1)))
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), e.shape)) or ()
+    raise AssertionError(
+        f"{name}: {int(bad.sum())} of {e.numel()} elements differ; worst at index {index}: "
+        f"actual={a.reshape(-1)[flat].item():.8g}, expected={e.reshape(-1)[flat].item():.8g}, "
+        f"|diff|={diff.reshape(-1)[flat].item():.3g} > allowed "
+        f"{allowed.reshape(-1)[flat].item():.3g} (rtol={tol.rtol}, atol={tol.atol}: "
+        f"{tol.reason})"
+    )
+
+
+def assert_close_state(
+    actual: dict[str, Tensor],
+    expected: dict[str, Tensor],
+    tol: Tolerance,
+    *,
+    what: str = "parameter",
+    keys: set[str] | None = None,
+) -> None:
+    """Compare two state dicts key by key (``keys``: only those), missing keys included."""
+    wanted = set(expected) if keys is None else keys
+    missing = sorted(k for k in wanted if k not in actual)
+    if missing:
+        raise AssertionError(f"{what}s missing from the strategy's gathered state: {missing}")
+    for key in sorted(wanted):
+        assert_close(actual[key], expected[key], tol, name=f"{what} {key!r}")
+
+
+def assert_same_on_ranks(values: list[dict[str, Tensor]], *, what: str) -> None:
+    """SHARD-2: every rank holds bitwise the same gathered tensors as rank 0."""
+    first = values[0]
+    for rank, other in enumerate(values[1:], start=1):
+        if set(other) != set(first):
+            raise AssertionError(
+                f"{what}: rank {rank} has keys {sorted(set(other) ^ set(first))} that rank 0 "
+                "does not share"
+            )
+        for key in sorted(first):
+            assert_close(other[key], first[key], EXACT, name=f"{what} {key!r} on rank {rank}")
+
+
+def assert_parity(
+    results: list,
+    scenario: Scenario,
+    ref: Reference | None = None,
+    *,
+    state: bool = True,
+    grads: bool = False,
+    norms: bool = False,
+) -> Reference:
+    """TRAIN-1 on every rank's result: losses (and final state, last grads, clip norms)
+    equal the single-process reference within the scenario's tolerance.
+
+    Args:
+        results: one ``RankResult`` per rank (``rank``, ``dp_rank``, ``losses``, ``state``,
+            ``grads``, ``norms``).
+        scenario: the scenario that was run.
+        ref: the reference (computed here when None).
+        state: compare the final gathered state.
+        grads: compare the last step's gathered gradients (where the reference has one).
+        norms: compare the clip norms.
+    """
+    ref = ref if ref is not None else reference_run(scenario)
+    tol = scenario_tolerance(scenario)
+    dp_ranks = sorted(r.dp_rank for r in results)
+    per = scenario.world_size // scenario.dp_size
+    if dp_ranks != sorted(list(range(scenario.dp_size)) * per):
+        raise AssertionError(
+            f"distributed_sampler_kwargs['rank'] over the ranks is {dp_ranks}; expected each of "
+            f"0..{scenario.dp_size - 1} exactly {per} time(s) (data-parallel size "
+            f"{scenario.dp_size})"
+        )
+    for r in results:
+        where = f"rank {r.rank}"
+        if len(r.losses) != len(ref.losses):
+            raise AssertionError(f"{where}: {len(r.losses)} steps ran, expected {len(ref.losses)}")
+        for step, losses in enumerate(r.losses):
+            for micro, loss in enumerate(losses):
+                assert_close(
+                    torch.tensor(loss),
+                    torch.tensor(ref.losses[step][micro][r.dp_rank]),
+                    tol,
+                    name=f"{where}: loss of step {step}, micro-batch {micro}",
+                )
+        if norms:
+            assert_close(
+                torch.tensor(r.norms), torch.tensor(ref.norms), tol, name=f"{where}: clip norms"
+            )
+        if state:
+            assert_close_state(r.state, ref.state, tol, what=f"{where}: parameter/buffer")
+        if grads:
+            wanted = {k: v for k, v in ref.grads.items() if v is not None}
+            got = {k: v for k, v in r.grads.items() if v is not None}
+            assert_close_state(got, wanted, tol, what=f"{where}: gradient")
+    return ref

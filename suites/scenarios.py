@@ -1,0 +1,342 @@
+"""Hypothesis strategies that draw valid :class:`~suites.specs.Scenario` s (and their parts).
+
+Only valid combinations are drawn: meshes divide the world, tied weights never straddle two
+wrap units, tensor-parallel widths divide by the tensor-parallel size, fp16 Adam gets
+``eps >= 1e-4``. Everything is small (hidden <= 8, 1-3 steps) so a 4-rank example takes
+well under a second on CPU. World sizes go up to ``harness.max_world_size()`` (``--nproc``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from hypothesis import strategies as st
+
+from suites.models import BlockSpec, ModelSpec, build_model
+from suites.specs import (
+    ACSpec,
+    FSDPConfig,
+    MPConfig,
+    OptimSpec,
+    Scenario,
+    TrainPlan,
+    WrapSpec,
+)
+
+__all__ = [
+    "ALL_PRECISIONS",
+    "FSDP_PRECISIONS",
+    "SHARDING_STRATEGIES",
+    "ac_specs",
+    "fsdp_configs",
+    "max_world_size",
+    "meshes",
+    "model_specs",
+    "mp_configs",
+    "optim_specs",
+    "scenarios",
+    "train_plans",
+    "world_sizes",
+    "wrap_specs",
+]
+
+SHARDING_STRATEGIES = (
+    "FULL_SHARD",
+    "SHARD_GRAD_OP",
+    "NO_SHARD",
+    "HYBRID_SHARD",
+    "_HYBRID_SHARD_ZERO2",
+)
+ALL_PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
+FSDP_PRECISIONS = ALL_PRECISIONS
+MP_PRECISIONS = ("32-true", "bf16-mixed")
+WRAP_CLASSES = ("Block", "NestedBlock", "Scale")
+
+
+def max_world_size() -> int:
+    """The largest world size the session may use (``--nproc``; 4 without the harness)."""
+    try:
+        from harness import max_world_size as harness_max
+    except ImportError:
+        return 4
+    return int(harness_max())
+
+
+@st.composite
+def world_sizes(draw: st.DrawFn, min_size: int = 2, max_size: int | None = None) -> int:
+    """A world size in ``[min_size, min(max_size, --nproc)]``."""
+    top = max_world_size() if max_size is None else min(max_size, max_world_size())
+    if top < min_size:
+        raise ValueError(
+            f"world_sizes(min_size={min_size}) cannot be drawn: --nproc allows at most {top} "
+            f"ranks; run with --nproc {min_size} or more."
+        )
+    return draw(st.integers(min_size, top))
+
+
+def meshes(world_size: int) -> st.SearchStrategy[tuple[int, int]]:
+    """2-D meshes ``(a, b)`` with ``a * b == world_size`` (hybrid ``(replicate, shard)`` or
+    ``(data_parallel, tensor_parallel)``)."""
+    shapes = [(a, world_size // a) for a in range(1, world_size + 1) if world_size % a == 0]
+    return st.sampled_from(shapes)
+
+
+@st.composite
+def model_specs(
+    draw: st.DrawFn,
+    *,
+    max_blocks: int = 2,
+    nested: bool | None = None,
+    tied: bool | None = None,
+    frozen: bool | None = None,
+    ffn_multiple: int = 1,
+    scale: bool | None = None,
+) -> ModelSpec:
+    """A small model tree.
+
+    Args:
+        max_blocks: most blocks in the trunk.
+        nested: force (True) or forbid (False) a NestedBlock; None: either.
+        tied: force or forbid tied embedding/head weights; None: either.
+        frozen: force or forbid frozen parameters; None: either.
+        ffn_multiple: every MLP width is a multiple of this (the tensor-parallel size).
+        scale: force or forbid the ``Scale`` module (buffers, a one-element parameter).
+    """
+    n_blocks = draw(st.integers(1, max_blocks))
+    kinds = [draw(st.sampled_from(("Block", "NestedBlock"))) for _ in range(n_blocks)]
+    if nested is True and "NestedBlock" not in kinds:
+        kinds[-1] = "NestedBlock"
+    if nested is False:
+        kinds = ["Block"] * n_blocks
+    blocks = tuple(
+        BlockSpec(
+            kind=kind,
+            ffn=ffn_multiple * draw(st.integers(1, max(1, 8 // ffn_multiple))),
+            norm=draw(st.booleans()),
+            inner=draw(st.integers(1, 2)) if kind == "NestedBlock" else 0,
+        )
+        for kind in kinds
+    )
+    is_tied = draw(st.booleans()) if tied is None else tied
+    vocab = draw(st.integers(3, 9)) if is_tied or draw(st.booleans()) else 0
+    spec = ModelSpec(
+        hidden=draw(st.integers(3, 8)),
+        blocks=blocks,
+        vocab=vocab,
+        in_features=draw(st.integers(2, 6)),
+        out=vocab if is_tied else draw(st.integers(1, 5)),
+        tied=is_tied,
+        scale=draw(st.booleans()) if scale is None else scale,
+        seed=draw(st.integers(0, 2**16)),
+    )
+    if frozen is False or (frozen is None and not draw(st.booleans())):
+        return spec
+    names = [n for n, _ in build_model(spec, "meta").named_parameters()]
+    chosen = draw(
+        st.lists(st.sampled_from(names), min_size=1, max_size=len(names) - 1, unique=True)
+    )
+    return dataclasses.replace(spec, frozen=tuple(sorted(chosen)))
+
+
+def _present_classes(spec: ModelSpec) -> list[str]:
+    kinds = {b.kind for b in spec.blocks}
+    if "NestedBlock" in kinds:
+        kinds.add("Block")
+    if spec.scale:
+        kinds.add("Scale")
+    return [c for c in WRAP_CLASSES if c in kinds]
+
+
+def _splits_tied(spec: ModelSpec, wrap: WrapSpec) -> bool:
+    units = wrap.expected_units(build_model(spec, "meta"))
+    return spec.tied and bool(units & {"embed", "head"})
+
+
+@st.composite
+def wrap_specs(draw: st.DrawFn, spec: ModelSpec, kinds: Sequence[str] | None = None) -> WrapSpec:
+    """An auto-wrap policy valid for ``spec`` (tied weights stay in one unit).
+
+    Args:
+        spec: the model the policy will wrap.
+        kinds: restrict the policy kinds (default: all of ``WrapSpec``'s kinds).
+    """
+    kind = draw(
+        st.sampled_from(
+            tuple(
+                kinds
+                or ("none", "classes", "module_wrap_policy", "custom_policy", "size", "callable")
+            )
+        )
+    )
+    if kind == "none":
+        return WrapSpec()
+    if kind == "size":
+        model = build_model(spec, "meta")
+        numels = sorted({sum(p.numel() for p in m.parameters()) for m in model.modules()})
+        valid = [n for n in numels if n > 0 and not _splits_tied(spec, WrapSpec("size", (), n))]
+        return WrapSpec("size", min_num_params=draw(st.sampled_from(valid)))
+    present = _present_classes(spec)
+    classes = draw(st.lists(st.sampled_from(present), min_size=1, unique=True))
+    return WrapSpec(kind, classes=tuple(sorted(classes)))
+
+
+@st.composite
+def ac_specs(draw: st.DrawFn, spec: ModelSpec, allow_none: bool = True) -> ACSpec:
+    """An activation-checkpointing policy whose selected modules never nest."""
+    kinds = ("classes", "module_wrap_policy", "callable")
+    kind = draw(st.sampled_from(("none", *kinds) if allow_none else kinds))
+    if kind == "none":
+        return ACSpec()
+    present = _present_classes(spec)
+    first = draw(st.sampled_from(present))  # never Block with NestedBlock: they would nest
+    classes = {first}
+    if first != "Scale" and "Scale" in present and draw(st.booleans()):
+        classes.add("Scale")
+    return ACSpec(kind, classes=tuple(sorted(classes)))
+
+
+@st.composite
+def optim_specs(
+    draw: st.DrawFn, precision: str = "32-true", kinds: Sequence[str] = ("sgd", "adam", "adamw")
+) -> OptimSpec:
+    """An optimizer with one or several groups; fp16 Adam gets ``eps >= 1e-4``."""
+    kind = draw(st.sampled_from(tuple(kinds)))
+    lr = draw(st.sampled_from((0.05, 0.1) if kind == "sgd" else (0.003, 0.01)))
+    return OptimSpec(
+        kind=kind,
+        lr=lr,
+        groups=draw(st.sampled_from(("one", "by_kind", "by_depth"))),
+        momentum=draw(st.sampled_from((0.0, 0.9))),
+        eps=1e-4 if precision.startswith("16") else 1e-6,
+        weight_decay=0.1 if kind == "adamw" else 0.0,
+    )
+
+
+@st.composite
+def train_plans(
+    draw: st.DrawFn,
+    *,
+    max_steps: int = 2,
+    max_micro: int = 1,
+    clip: bool | None = False,
+    min_micro: int = 1,
+) -> TrainPlan:
+    """A short training plan.
+
+    Args:
+        max_steps: most optimizer steps (at least 1).
+        max_micro: most micro-batches per step.
+        min_micro: fewest micro-batches per step.
+        clip: force (True) or forbid (False) gradient clipping; None: either.
+    """
+    do_clip = draw(st.booleans()) if clip is None else clip
+    return TrainPlan(
+        steps=draw(st.integers(1, max_steps)),
+        micro_batches=draw(st.integers(min_micro, max(min_micro, max_micro))),
+        batch_size=draw(st.integers(1, 3)),
+        clip=draw(st.sampled_from((0.05, 0.5, 100.0))) if do_clip else None,
+        data_seed=draw(st.integers(0, 2**16)),
+    )
+
+
+@st.composite
+def fsdp_configs(
+    draw: st.DrawFn,
+    world_size: int,
+    spec: ModelSpec,
+    *,
+    sharding: Sequence[str] = SHARDING_STRATEGIES,
+    precisions: Sequence[str] = ("32-true",),
+    wrap_kinds: Sequence[str] | None = None,
+    ac: bool = False,
+) -> FSDPConfig:
+    """Options of the fsdp family; hybrid strategies get a mesh that divides the world."""
+    strategy = draw(st.sampled_from(tuple(sharding)))
+    mesh = draw(meshes(world_size)) if "HYBRID" in strategy else None
+    return FSDPConfig(
+        sharding_strategy=strategy,
+        wrap=draw(wrap_specs(spec, wrap_kinds)),
+        ac=draw(ac_specs(spec, allow_none=False)) if ac else ACSpec(),
+        precision=draw(st.sampled_from(tuple(precisions))),
+        device_mesh=mesh,
+    )
+
+
+@st.composite
+def mp_configs(
+    draw: st.DrawFn, world_size: int, *, precisions: Sequence[str] = ("32-true",)
+) -> MPConfig:
+    """Options of the model_parallel family: a 2-D ``(dp, tp)`` mesh of the world."""
+    dp, tp = draw(meshes(world_size))
+    return MPConfig(
+        data_parallel_size=dp,
+        tensor_parallel_size=tp,
+        # no plan on a 1-wide tensor-parallel dim: torch's DTensor cannot propagate a view
+        # of a [1, k] Shard(1) tensor there (a batch of one row fails in backward)
+        tp_plan="mlp" if tp > 1 else "none",
+        fsdp_classes=tuple(draw(st.lists(st.sampled_from(("Block", "NestedBlock")), unique=True))),
+        reshard_after_forward=draw(st.booleans()),
+        precision=draw(st.sampled_from(tuple(precisions))),
+    )
+
+
+@st.composite
+def scenarios(
+    draw: st.DrawFn,
+    family: str = "fsdp",
+    *,
+    world_size: int | None = None,
+    min_world: int = 2,
+    precisions: Sequence[str] = ("32-true",),
+    sharding: Sequence[str] = SHARDING_STRATEGIES,
+    wrap_kinds: Sequence[str] | None = None,
+    ac: bool = False,
+    optimizers: Sequence[str] = ("sgd", "adam", "adamw"),
+    plan: st.SearchStrategy[TrainPlan] | None = None,
+    empty_init: bool | None = False,
+    tied: bool | None = None,
+    frozen: bool | None = None,
+    nested: bool | None = None,
+    scale: bool | None = None,
+) -> Scenario:
+    """A whole scenario of ``family`` (``fsdp`` or ``model_parallel``); keyword arguments
+    restrict what is drawn (see the part strategies)."""
+    world = world_size if world_size is not None else draw(world_sizes(min_world))
+    config: FSDPConfig | MPConfig
+    if family == "model_parallel":
+        mp = draw(
+            mp_configs(
+                world, precisions=[p for p in precisions if p in MP_PRECISIONS] or MP_PRECISIONS
+            )
+        )
+        spec = draw(
+            model_specs(
+                tied=tied,
+                frozen=frozen,
+                nested=nested,
+                scale=scale,
+                ffn_multiple=mp.tensor_parallel_size,
+            )
+        )
+        config = mp
+    elif family == "fsdp":
+        spec = draw(model_specs(tied=tied, frozen=frozen, nested=nested, scale=scale))
+        config = draw(
+            fsdp_configs(
+                world, spec, sharding=sharding, precisions=precisions, wrap_kinds=wrap_kinds, ac=ac
+            )
+        )
+    else:
+        raise ValueError(f"scenarios(family={family!r}): use 'fsdp' or 'model_parallel'.")
+    drawn_plan = draw(plan if plan is not None else train_plans())
+    if config.precision == "16-mixed":  # see TrainPlan.loss_scale
+        drawn_plan = dataclasses.replace(drawn_plan, loss_scale=1 / 256)
+    return Scenario(
+        world_size=world,
+        model=spec,
+        strategy=config,
+        optim=draw(optim_specs(config.precision, optimizers)),
+        plan=drawn_plan,
+        empty_init=draw(st.booleans()) if empty_init is None else empty_init,
+    )

@@ -1,0 +1,234 @@
+"""SPEC.md section 4, precision clauses: dtypes of parameters, gradients, optimizer state,
+compute and buffers; the sharded gradient scaler; parity within each precision's tolerance.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torch import nn
+
+from suites._run import micro_step, run, setup, train_rank
+from suites.models import Linear, Scale, clean_name
+from suites.oracles import (
+    assert_close,
+    assert_close_state,
+    assert_parity,
+    assert_same_on_ranks,
+    gathered_state,
+    reference_run,
+)
+from suites.scenarios import scenarios, train_plans
+from suites.specs import Scenario
+from suites.tolerances import EXACT
+
+FAMILIES = st.sampled_from(["fsdp", "model_parallel"])
+LOW = {"bf16": torch.bfloat16, "16": torch.float16}
+SHARDINGS = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")
+
+
+def _low(precision: str) -> torch.dtype:
+    return LOW[precision.split("-")[0]]
+
+
+def _expected(precision: str) -> dict[str, torch.dtype]:
+    """Stored (parameter, optimizer state) and compute dtypes a precision must give."""
+    if precision == "32-true":
+        return {"stored": torch.float32, "compute": torch.float32}
+    if precision.endswith("-mixed"):
+        return {"stored": torch.float32, "compute": _low(precision)}
+    return {"stored": _low(precision), "compute": _low(precision)}
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _dtype_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
+    t = setup(ctx, scenario)
+    seen: dict[str, str] = {}
+
+    def record(module: nn.Module, args: Any, output: torch.Tensor) -> None:
+        seen.setdefault("weight", str(module.weight.dtype))
+        seen.setdefault("output", str(output.dtype))
+
+    linear = next(m for m in t.model.modules() if isinstance(m, Linear))
+    handle = linear.register_forward_hook(record)
+    micro_step(t, scenario, 0, 0, t.strategy.distributed_sampler_kwargs["rank"])
+    handle.remove()
+    out: dict[str, Any] = {"compute": seen}
+    out["grads"] = sorted({str(p.grad.dtype) for p in t.model.parameters() if p.grad is not None})
+    t.strategy.optimizer_step(t.optimizer)
+    out["params"] = sorted({str(p.dtype) for p in t.model.parameters()})
+    out["optim"] = sorted(
+        {
+            str(v.dtype)
+            for state in t.optimizer.state.values()
+            for k, v in state.items()
+            if k != "step" and isinstance(v, torch.Tensor) and v.is_floating_point()
+        }
+    )
+    reduce = set()
+    for module in t.model.modules():
+        policy = getattr(module, "mixed_precision", None)  # FSDP1 units
+        if policy is not None and hasattr(policy, "reduce_dtype"):
+            reduce.add(str(policy.reduce_dtype))
+    out["reduce"] = sorted(reduce)
+    t.strategy.teardown()
+    return out
+
+
+def _check_dtypes(scenario: Scenario, grads: bool) -> list[dict[str, Any]]:
+    outs = run(_dtype_rank, scenario, world_size=scenario.world_size)
+    want = {k: str(v) for k, v in _expected(scenario.precision).items()}
+    for rank, out in enumerate(outs):
+        where = f"rank {rank} ({scenario.precision})"
+        assert out["params"] == [want["stored"]], f"{where}: sharded parameters {out['params']}"
+        assert out["optim"] in ([], [want["stored"]]), f"{where}: optimizer state {out['optim']}"
+        assert out["compute"]["weight"] == want["compute"], (
+            f"{where}: a Linear computed with {out['compute']['weight']} weights"
+        )
+        assert out["compute"]["output"] == want["compute"], (
+            f"{where}: a Linear's output was {out['compute']['output']}"
+        )
+        if grads:
+            assert out["grads"] in ([], [want["stored"]]), f"{where}: gradients {out['grads']}"
+    stateful = scenario.optim.kind != "sgd" or scenario.optim.momentum > 0
+    # a rank whose shard holds only frozen parameters has no state: look across ranks
+    assert not stateful or any(out["optim"] for out in outs), (
+        f"no rank's optimizer holds floating state after a {scenario.optim.kind} step"
+    )
+    return outs
+
+
+@pytest.mark.clause("PREC-1")
+@given(FAMILIES.flatmap(lambda f: scenarios(f, sharding=SHARDINGS, optimizers=("adam", "sgd"))))
+def test_fp32_keeps_everything_float32(scenario: Scenario) -> None:
+    _check_dtypes(scenario, grads=True)
+
+
+@pytest.mark.clause("PREC-2")
+@given(
+    FAMILIES.flatmap(
+        lambda family: scenarios(
+            family,
+            sharding=SHARDINGS,
+            precisions=("bf16-mixed", "16-mixed") if family == "fsdp" else ("bf16-mixed",),
+            optimizers=("adam", "adamw"),
+        )
+    )
+)
+def test_mixed_precision_keeps_float32_masters_and_computes_low(scenario: Scenario) -> None:
+    outs = _check_dtypes(scenario, grads=False)
+    if scenario.family == "fsdp":
+        low = str(_low(scenario.precision))
+        for rank, out in enumerate(outs):
+            assert out["reduce"] == [low], f"rank {rank}: FSDP reduce dtypes {out['reduce']}"
+
+
+@pytest.mark.clause("PREC-3")
+@given(
+    scenarios("fsdp", sharding=SHARDINGS, precisions=("bf16-true", "16-true"), optimizers=("adam",))
+)
+def test_true_low_precision_creates_low_parameters_and_state(scenario: Scenario) -> None:
+    _check_dtypes(scenario, grads=True)
+
+
+@pytest.mark.clause("TRAIN-1", "PREC-2", "PREC-3")
+@given(
+    st.sampled_from(("bf16-mixed", "16-mixed", "bf16-true", "16-true")).flatmap(
+        lambda precision: scenarios(
+            "fsdp",
+            sharding=SHARDINGS,
+            precisions=(precision,),
+            # fp16 Adam's second moment underflows: see suites/tolerances.py
+            optimizers=("sgd",) if precision == "16-true" else ("sgd", "adam", "adamw"),
+            plan=train_plans(),
+        )
+    )
+)
+def test_low_precision_training_matches_within_its_tolerance(scenario: Scenario) -> None:
+    results = run(train_rank, scenario, world_size=scenario.world_size)
+    assert_parity(results, scenario)
+
+
+def _skip_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
+    t = setup(ctx, scenario)
+    dp_rank = t.strategy.distributed_sampler_kwargs["rank"]
+    initial = gathered_state(t.model)
+    micro_step(t, scenario, 0, 0, dp_rank)
+    if ctx.rank == 0:  # one rank sees an overflow in its own gradient shard
+        grad = next(_local(p.grad) for p in t.model.parameters() if p.grad is not None)
+        grad.view(-1)[0] = float("inf")
+    t.strategy.optimizer_step(t.optimizer)
+    t.optimizer.zero_grad()
+    skipped = gathered_state(t.model)
+    micro_step(t, scenario, 1, 0, dp_rank)
+    t.strategy.optimizer_step(t.optimizer)
+    out = {"initial": initial, "skipped": skipped, "stepped": gathered_state(t.model)}
+    t.strategy.teardown()
+    return out
+
+
+@pytest.mark.clause("PREC-2")
+@given(scenarios("fsdp", sharding=SHARDINGS, precisions=("16-mixed",), frozen=False))
+def test_grad_scaler_skips_the_step_on_every_rank(scenario: Scenario) -> None:
+    outs = run(_skip_rank, scenario, world_size=scenario.world_size)
+    for rank, out in enumerate(outs):
+        assert_close_state(
+            out["skipped"], out["initial"], EXACT, what=f"rank {rank}: after an inf on rank 0"
+        )
+        moved = [k for k in out["stepped"] if not torch.equal(out["stepped"][k], out["initial"][k])]
+        assert moved, f"rank {rank}: the next, finite step changed no parameter"
+    assert_same_on_ranks([out["stepped"] for out in outs], what="parameter after the next step")
+
+
+def _buffer_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
+    t = setup(ctx, scenario)
+    micro_step(t, scenario, 0, 0, t.strategy.distributed_sampler_kwargs["rank"])
+    seen = {clean_name(n): m.seen_dtype for n, m in t.model.named_modules() if isinstance(m, Scale)}
+    state = gathered_state(t.model)
+    t.strategy.teardown()
+    buffer = state.get("scale.scale")
+    return {
+        "seen": seen.get("scale"),
+        "saved": None if buffer is None else (str(buffer.dtype), tuple(buffer.shape)),
+        "value": buffer,
+        "offset_saved": "scale.offset" in state,
+    }
+
+
+@pytest.mark.clause("PREC-4")
+@given(
+    scenarios(
+        "fsdp",
+        sharding=SHARDINGS,
+        precisions=("32-true", "bf16-mixed", "16-mixed", "bf16-true"),
+        scale=True,
+    )
+)
+def test_buffers_compute_low_but_are_saved_as_stored(scenario: Scenario) -> None:
+    want = _expected(scenario.precision)
+    # a mixed precision may compute with buffers in the low dtype (FSDP's buffer_dtype) or
+    # keep them at their stored dtype; either way they are saved as stored, bit for bit
+    compute = {str(want["compute"]), str(want["stored"])}
+    compute = {c.replace("torch.", "") for c in compute}
+    stored = (str(want["stored"]), (scenario.model.hidden,))
+    initial = reference_run(scenario, steps=0).initial["scale.scale"]
+    for rank, out in enumerate(run(_buffer_rank, scenario, world_size=scenario.world_size)):
+        assert out["seen"] in compute, (
+            f"rank {rank}: the buffer 'scale.scale' was {out['seen']} during the forward; "
+            f"{scenario.precision} computes with buffers in {sorted(compute)}"
+        )
+        assert out["saved"] == stored, (
+            f"rank {rank}: the state dict holds 'scale.scale' as {out['saved']}, stored as {stored}"
+        )
+        # the buffer is not trained: it only moved, so it must come back bit for bit
+        assert_close(out["value"], initial, EXACT, name=f"rank {rank}: buffer 'scale.scale'")
+        assert not out["offset_saved"], f"rank {rank}: the non-persistent 'scale.offset' saved"

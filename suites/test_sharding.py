@@ -1,0 +1,212 @@
+"""SPEC.md section 3: sharding layout, consistency, wrap policies, activation checkpointing.
+
+Every test drives the strategy only through ``ctx.make_strategy`` (``--strategy``) and
+reads the result with torch's own APIs (``suites/oracles.py``, ``suites/_inspect.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from suites._inspect import checkpoint_wrapped, fsdp1_units, nested_checkpoint_wrappers
+from suites._run import run, setup, train_rank
+from suites.models import BlockSpec, ModelSpec, build_model
+from suites.oracles import (
+    assert_close_state,
+    assert_parity,
+    assert_same_on_ranks,
+    gathered_state,
+    reference_run,
+)
+from suites.regressions import AC_BLOCKS
+from suites.scenarios import scenarios, train_plans
+from suites.specs import ACSpec, FSDPConfig, Scenario, WrapSpec
+from suites.tolerances import EXACT
+
+#: FSDP1 aligns every original parameter inside a flat parameter (16 bytes on CPU); this
+#: bounds the padding it may add per parameter, in elements.
+ALIGN_SLACK = 4
+
+FAMILIES = st.sampled_from(["fsdp", "model_parallel"])
+
+
+def _shard_factor(config: FSDPConfig, world: int) -> int:
+    if config.sharding_strategy == "NO_SHARD":
+        return 1
+    if "HYBRID" in config.sharding_strategy:
+        assert config.device_mesh is not None
+        return config.device_mesh[1]
+    return world
+
+
+def _layout_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
+    t = setup(ctx, scenario)
+    out = {"units": fsdp1_units(t.model), "state": gathered_state(t.model)}
+    t.strategy.teardown()
+    return out
+
+
+@pytest.mark.clause("SHARD-1")
+@given(scenarios("fsdp", wrap_kinds=("none", "classes", "size")))
+def test_each_rank_holds_its_share_of_every_unit(scenario: Scenario) -> None:
+    results = run(_layout_rank, scenario, world_size=scenario.world_size)
+    factor = _shard_factor(scenario.strategy, scenario.world_size)  # type: ignore[arg-type]
+    initial = reference_run(scenario, steps=0).initial
+    for rank, result in enumerate(results):
+        assert result["units"], f"rank {rank}: setup_module returned no FSDP unit"
+        for name, unit in result["units"].items():
+            if unit is None:
+                continue
+            want = math.ceil(unit.unsharded / factor)
+            assert unit.local == want, (
+                f"rank {rank}: FSDP unit {name or '<root>'!r} holds {unit.local} of "
+                f"{unit.unsharded} flat-parameter elements; "
+                f"{scenario.strategy.sharding_strategy} must hold ceil({unit.unsharded}/"
+                f"{factor}) = {want}"
+            )
+            assert unit.unsharded - unit.params <= ALIGN_SLACK * unit.count, (
+                f"rank {rank}: unit {name!r} pads {unit.params} elements to {unit.unsharded}"
+            )
+        # the union of the shards is the full model: torch's gather gives the eager init
+        assert_close_state(result["state"], initial, EXACT, what=f"rank {rank}: parameter")
+
+
+@pytest.mark.clause("SHARD-2")
+@given(
+    FAMILIES.flatmap(
+        lambda family: scenarios(
+            family, precisions=("32-true", "bf16-mixed"), plan=train_plans(max_steps=3)
+        )
+    )
+)
+def test_gathered_parameters_identical_on_every_rank(scenario: Scenario) -> None:
+    results = run(train_rank, scenario, world_size=scenario.world_size)
+    assert_same_on_ranks([r.state for r in results], what="gathered parameter")
+
+
+def _units_rank(ctx: Any, scenario: Scenario) -> list[str]:
+    t = setup(ctx, scenario)
+    units = sorted(fsdp1_units(t.model))
+    t.strategy.teardown()
+    return units
+
+
+@pytest.mark.clause("WRAP-1")
+@given(
+    scenarios(
+        "fsdp",
+        wrap_kinds=("classes", "module_wrap_policy", "custom_policy", "size", "callable"),
+        optimizers=("sgd",),
+        nested=True,
+    )
+)
+def test_units_are_exactly_those_the_policy_selects(scenario: Scenario) -> None:
+    config = scenario.strategy
+    assert isinstance(config, FSDPConfig)
+    expected = sorted(config.wrap.expected_units(build_model(scenario.model, "meta")) | {""})
+    for rank, units in enumerate(run(_units_rank, scenario, world_size=scenario.world_size)):
+        assert units == expected, (
+            f"rank {rank}: FSDP units {units} differ from the ones {config.wrap} selects "
+            f"{expected} ('' is the root)"
+        )
+
+
+def _small_scenario(world: int, **config: Any) -> Scenario:
+    spec = ModelSpec(hidden=4, blocks=(BlockSpec(ffn=3), BlockSpec(ffn=2)), seed=1)
+    return Scenario(world, spec, FSDPConfig(**config))
+
+
+def _prewrapped_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    strategy = ctx.make_strategy("fsdp", **scenario.options())
+    strategy.setup_environment()
+    model = build_model(scenario.model, ctx.device)
+    model.blocks[0] = FSDP(model.blocks[0], device_id=ctx.device)  # the user's own unit
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = strategy.setup_module(model)
+    out = {"units": sorted(fsdp1_units(model)), "warnings": [str(w.message) for w in caught]}
+    strategy.teardown()
+    return out
+
+
+@pytest.mark.clause("WRAP-2")
+def test_a_module_the_user_wrapped_is_kept_and_the_policy_ignored() -> None:
+    scenario = _small_scenario(2, wrap=WrapSpec("classes", ("Block",)))
+    for rank, out in enumerate(run(_prewrapped_rank, scenario, world_size=2)):
+        assert out["units"] == ["", "blocks.0"], (
+            f"rank {rank}: units {out['units']}: the user's unit must be kept and the policy "
+            "must not wrap blocks.1"
+        )
+        assert any("wrap" in w.lower() for w in out["warnings"]), (
+            f"rank {rank}: no warning that the auto-wrap policy is ignored; got {out['warnings']}"
+        )
+
+
+def _ac_rank(ctx: Any, scenario: Scenario) -> dict[str, list[str]]:
+    t = setup(ctx, scenario)
+    out = {"wrapped": checkpoint_wrapped(t.model), "nested": nested_checkpoint_wrappers(t.model)}
+    t.strategy.teardown()
+    return out
+
+
+@pytest.mark.clause("AC-1")
+@given(scenarios("fsdp", ac=True, optimizers=("sgd",), wrap_kinds=("none", "classes")))
+@example(AC_BLOCKS)
+def test_checkpointing_wraps_exactly_the_selected_modules(scenario: Scenario) -> None:
+    config = scenario.strategy
+    assert isinstance(config, FSDPConfig)
+    expected = sorted(config.ac.expected_wrapped(build_model(scenario.model, "meta")))
+    for rank, out in enumerate(run(_ac_rank, scenario, world_size=scenario.world_size)):
+        assert not out["nested"], f"rank {rank}: checkpoint wrappers nested: {out['nested']}"
+        assert out["wrapped"] == expected, (
+            f"rank {rank}: checkpoint-wrapped modules {out['wrapped']} differ from the ones "
+            f"{config.ac} selects {expected}"
+        )
+
+
+def _prechecked_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    strategy = ctx.make_strategy("fsdp", **scenario.options())
+    strategy.setup_environment()
+    model = build_model(scenario.model, ctx.device)
+    model.blocks[0] = checkpoint_wrapper(model.blocks[0])  # the user's own checkpointing
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = strategy.setup_module(model)
+    out = {
+        "wrapped": checkpoint_wrapped(model),
+        "nested": nested_checkpoint_wrappers(model),
+        "warnings": [str(w.message) for w in caught],
+    }
+    strategy.teardown()
+    return out
+
+
+@pytest.mark.clause("AC-1")
+def test_checkpointing_leaves_an_already_checkpointed_model_alone() -> None:
+    scenario = _small_scenario(2, ac=ACSpec("classes", ("Block",)))
+    for rank, out in enumerate(run(_prechecked_rank, scenario, world_size=2)):
+        assert out["wrapped"] == ["blocks.0"] and not out["nested"], (
+            f"rank {rank}: checkpoint wrappers {out['wrapped']} (nested: {out['nested']}); "
+            "only the user's blocks.0 wrapper may exist"
+        )
+        assert any("checkpoint" in w.lower() for w in out["warnings"]), (
+            f"rank {rank}: no warning that checkpointing was already applied; got {out['warnings']}"
+        )
+
+
+@pytest.mark.clause("AC-2")
+@given(scenarios("fsdp", ac=True, wrap_kinds=("none", "classes"), plan=train_plans()))
+@example(AC_BLOCKS)
+def test_checkpointing_changes_no_numbers(scenario: Scenario) -> None:
+    results = run(train_rank, scenario, True, world_size=scenario.world_size)
+    assert_parity(results, scenario, grads=True)

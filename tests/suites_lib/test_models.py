@@ -1,0 +1,102 @@
+"""The model zoo: deterministic, meta-init equal to eager init, ties and frozen flags."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from suites.models import (
+    BlockSpec,
+    ModelSpec,
+    build_model,
+    clean_name,
+    iter_param_owners,
+    make_batch,
+    module_class,
+)
+
+SPEC = ModelSpec(
+    hidden=5,
+    blocks=(BlockSpec("Block", ffn=3), BlockSpec("NestedBlock", ffn=1, norm=False, inner=2)),
+    vocab=7,
+    out=7,
+    tied=True,
+    frozen=("blocks.0.fc1.bias",),
+    seed=11,
+)
+
+
+def test_build_is_deterministic_and_seed_dependent() -> None:
+    a, b = build_model(SPEC).state_dict(), build_model(SPEC).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    other = build_model(ModelSpec(**{**SPEC.__dict__, "seed": 12})).state_dict()
+    assert not torch.equal(a["blocks.0.fc1.weight"], other["blocks.0.fc1.weight"])
+
+
+def test_meta_init_then_reset_in_any_order_equals_eager() -> None:
+    eager = build_model(SPEC)
+    meta = build_model(SPEC, "meta")
+    meta.to_empty(device="cpu")
+    for _, module in reversed(list(iter_param_owners(meta))):  # bottom-up, as FSDP1 does
+        module.reset_parameters()
+    meta.tie_weights()
+    expected = eager.state_dict()
+    assert set(meta.state_dict()) == set(expected)
+    for key, value in meta.state_dict().items():
+        assert torch.equal(value, expected[key]), key
+    assert meta.scale.offset.tolist() == eager.scale.offset.tolist()  # non-persistent too
+
+
+def test_tied_and_frozen() -> None:
+    model = build_model(SPEC)
+    assert model.head.weight is model.embed.weight
+    frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+    assert frozen == ["blocks.0.fc1.bias"]
+    assert "scale.offset" not in model.state_dict() and "scale.scale" in model.state_dict()
+    assert model.scale.gate.numel() == 1
+
+
+def test_forward_and_batches() -> None:
+    model = build_model(SPEC)
+    x, y = make_batch(SPEC, 3, step=1, micro=0, dp_rank=2, batch_size=4)
+    assert x.dtype == torch.int64 and x.shape == (4,) and y.shape == (4, 7)
+    assert model(x).shape == (4, 7)
+    x2, _ = make_batch(SPEC, 3, step=1, micro=0, dp_rank=2, batch_size=4)
+    x3, _ = make_batch(SPEC, 3, step=1, micro=0, dp_rank=1, batch_size=4)
+    assert torch.equal(x, x2) and not torch.equal(x, x3)
+
+
+def test_float_input_model() -> None:
+    spec = ModelSpec(hidden=3, in_features=4, out=2, scale=False)
+    x, y = make_batch(spec, 0, 0, 0, 0, 2)
+    assert x.dtype == torch.float32 and build_model(spec)(x).shape == y.shape
+
+
+def test_spec_validation() -> None:
+    with pytest.raises(ValueError, match=r"tied=True.*out=vocab"):
+        ModelSpec(vocab=0, tied=True)
+    with pytest.raises(ValueError, match="'Mlp' is not a zoo block"):
+        ModelSpec(blocks=(BlockSpec("Mlp"),))
+    with pytest.raises(ValueError, match="'Nope' is not in the zoo"):
+        module_class("Nope")
+
+
+def test_clean_name_strips_wrapper_segments() -> None:
+    name = (
+        "_fsdp_wrapped_module.blocks.0._fsdp_wrapped_module._checkpoint_wrapped_module.fc1.weight"
+    )
+    assert clean_name(name) == "blocks.0.fc1.weight"
+    assert clean_name("_orig_mod.head.bias") == "head.bias"
+
+
+def test_init_does_not_depend_on_the_default_dtype() -> None:
+    expected = build_model(SPEC).state_dict()
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        low = build_model(SPEC).state_dict()
+    finally:
+        torch.set_default_dtype(previous)
+    for key, value in low.items():
+        assert value.dtype == torch.bfloat16
+        assert torch.equal(value, expected[key].to(torch.bfloat16)), key

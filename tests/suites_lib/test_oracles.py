@@ -1,0 +1,95 @@
+"""The single-process reference and the comparison helpers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from suites.models import BlockSpec, ModelSpec, build_model, make_batch
+from suites.oracles import (
+    assert_close,
+    assert_close_state,
+    assert_same_on_ranks,
+    named_optim_state,
+    reference_run,
+    scenario_tolerance,
+)
+from suites.specs import FSDPConfig, OptimSpec, Scenario, TrainPlan
+from suites.tolerances import EXACT, Tolerance
+
+SPEC = ModelSpec(hidden=4, blocks=(BlockSpec(ffn=3),), in_features=3, out=2, seed=5)
+
+
+def _scenario(world: int, plan: TrainPlan, optim: OptimSpec | None = None) -> Scenario:
+    return Scenario(world, SPEC, FSDPConfig(), optim or OptimSpec("sgd", lr=0.1), plan)
+
+
+def test_reference_is_plain_training_on_the_concatenated_batch() -> None:
+    plan = TrainPlan(steps=2, micro_batches=1, batch_size=2, data_seed=3)
+    ref = reference_run(_scenario(2, plan))
+    model = build_model(SPEC)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(2):
+        opt.zero_grad()
+        batches = [make_batch(SPEC, 3, step, 0, r, 2) for r in range(2)]
+        x, y = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+        F.mse_loss(model(x), y).backward()  # equal batch sizes: mean of means == mean
+        opt.step()
+    assert_close_state(ref.state, model.state_dict(), Tolerance(1e-6, 1e-7))
+    assert len(ref.losses) == 2 and len(ref.losses[0][0]) == 2
+
+
+def test_accumulation_equals_one_big_batch() -> None:
+    split = reference_run(_scenario(2, TrainPlan(steps=1, micro_batches=2, batch_size=2)))
+    assert len(split.losses[0]) == 2
+    whole_norms = reference_run(_scenario(2, TrainPlan(steps=1, clip=1e9))).norms
+    assert whole_norms and whole_norms[0] > 0
+
+
+def test_clip_reports_the_unclipped_norm() -> None:
+    ref = reference_run(_scenario(2, TrainPlan(steps=1, clip=1e-3)))
+    total = torch.linalg.vector_norm(
+        torch.stack([g.norm() for g in ref.grads.values() if g is not None])
+    )
+    assert ref.norms[0] > 1e-3 and float(total) == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_assert_close_names_worst_element_and_values() -> None:
+    expected = torch.zeros(2, 3)
+    actual = expected.clone()
+    actual[1, 2] = 0.5
+    actual[0, 0] = 0.1
+    with pytest.raises(
+        AssertionError,
+        match=r"parameter 'w': 2 of 6 elements differ; worst at "
+        r"index \(1, 2\): actual=0.5, expected=0",
+    ):
+        assert_close(actual, expected, Tolerance(0, 1e-3, reason="r"), name="parameter 'w'")
+    assert_close(actual, actual.clone(), EXACT, name="x")
+    with pytest.raises(AssertionError, match="shape"):
+        assert_close(actual, expected[0], EXACT, name="x")
+    nan = expected.clone()
+    nan[0, 1] = float("nan")
+    with pytest.raises(AssertionError, match=r"index \(0, 1\): actual=nan"):
+        assert_close(nan, expected, Tolerance(1, 1), name="x")
+
+
+def test_state_comparisons() -> None:
+    a = {"w": torch.ones(2)}
+    with pytest.raises(AssertionError, match=r"missing .*\['v'\]"):
+        assert_close_state(a, {"w": torch.ones(2), "v": torch.ones(1)}, EXACT)
+    with pytest.raises(AssertionError, match="'w' on rank 1"):
+        assert_same_on_ranks([a, {"w": torch.tensor([1.0, 2.0])}], what="parameter")
+
+
+def test_named_optimizer_state_and_tolerance() -> None:
+    model = build_model(SPEC)
+    opt = OptimSpec("adam", lr=0.01, groups="by_kind").build(model.named_parameters())
+    model(torch.randn(2, 3)).sum().backward()
+    opt.step()
+    state = named_optim_state(model, opt)
+    assert set(state["state"]) == {n for n, _ in model.named_parameters()}
+    assert state["param_groups"][0]["params"][0] == "inp.weight"
+    scenario = _scenario(2, TrainPlan(steps=3), OptimSpec("adam", lr=0.01))
+    assert scenario_tolerance(scenario).atol > 1e-5

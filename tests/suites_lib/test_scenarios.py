@@ -1,0 +1,56 @@
+"""Hypothesis strategies draw only valid, picklable, readable scenarios."""
+
+from __future__ import annotations
+
+import pickle
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from suites.models import build_model
+from suites.scenarios import max_world_size, scenarios
+from suites.specs import FSDPConfig, MPConfig, Scenario
+
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+FAMILIES = st.sampled_from(["fsdp", "model_parallel"])
+ANY = FAMILIES.flatmap(
+    lambda f: scenarios(
+        f,
+        precisions=("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true"),
+        ac=True,
+        empty_init=None,
+    )
+)
+
+
+@SETTINGS
+@given(ANY)
+def test_drawn_scenarios_are_valid(scenario: Scenario) -> None:
+    assert 2 <= scenario.world_size <= max_world_size()
+    assert pickle.loads(pickle.dumps(scenario)) == scenario
+    assert "object at 0x" not in repr(scenario)
+    config = scenario.strategy
+    model = build_model(scenario.model, "meta")
+    if isinstance(config, FSDPConfig):
+        if "HYBRID" in config.sharding_strategy:
+            assert config.device_mesh is not None
+            assert config.device_mesh[0] * config.device_mesh[1] == scenario.world_size
+        if scenario.model.tied:
+            assert not config.wrap.expected_units(model) & {"embed", "head"}
+        wrapped = sorted(config.ac.expected_wrapped(model))
+        assert not any(b.startswith(a + ".") for a in wrapped for b in wrapped)
+    else:
+        assert isinstance(config, MPConfig)
+        assert config.data_parallel_size * config.tensor_parallel_size == scenario.world_size
+        assert all(b.ffn % config.tensor_parallel_size == 0 for b in scenario.model.blocks)
+    if scenario.precision.startswith("16") and scenario.optim.kind != "sgd":
+        assert scenario.optim.eps >= 1e-4
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert trainable
+
+
+@SETTINGS
+@given(scenarios("fsdp", world_size=3, tied=True, frozen=True, nested=True))
+def test_forced_features(scenario: Scenario) -> None:
+    assert scenario.world_size == 3 and scenario.model.tied and scenario.model.frozen
+    assert any(b.kind == "NestedBlock" for b in scenario.model.blocks)

@@ -1,0 +1,145 @@
+"""Rank-side jobs and helpers of the checkpoint suites (run inside ``run_on_ranks``).
+
+Everything goes through the plug-in contract: :func:`build` sets up with
+``ctx.make_strategy`` (the format is the strategy option ``state_dict_type`` /
+``save_distributed_checkpoint``), and :func:`read_state` reads the gathered model and
+optimizer state with torch's own APIs (``suites.oracles``), never with the strategy's
+save/load. :func:`save_rank`/:func:`load_rank` are the two halves of a round trip that may
+run at two world sizes; :func:`attempt` records what an error case raised and whether the
+files on disk changed.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from suites._run import RankResult, Trained, setup, train
+from suites.checkpoint_checks import files_digest
+from suites.checkpoint_plans import CkptPlan, format_options, make_metadata, plain_metadata
+from suites.models import BlockSpec, ModelSpec, clean_name
+from suites.oracles import gathered_optim_state, gathered_state
+from suites.specs import FSDPConfig, MPConfig, OptimSpec, Scenario, TrainPlan
+
+__all__ = [
+    "ERROR_SPEC",
+    "attempt",
+    "build",
+    "copy_buffers",
+    "error_scenario",
+    "load_rank",
+    "nonpersistent_buffers",
+    "path_for",
+    "read_state",
+    "save_rank",
+    "train_plan",
+]
+
+
+def build(ctx: Any, scenario: Scenario, fmt: str) -> Trained:
+    """Strategy (with the format option), model and optimizer of ``scenario`` on this rank."""
+    return setup(ctx, scenario, **format_options(scenario.family, fmt))
+
+
+def train_plan(t: Trained, scenario: Scenario, *, steps: int | None = None) -> RankResult:
+    """Train ``scenario``'s plan (or ``steps`` steps) on the set-up objects."""
+    result = RankResult(0, t.strategy.distributed_sampler_kwargs["rank"])
+    train(t, scenario, result, steps=steps)
+    return result
+
+
+def read_state(t: Trained) -> dict[str, Any]:
+    """The gathered model and optimizer state, read with torch's own APIs (a collective)."""
+    return {"model": gathered_state(t.model), "optim": gathered_optim_state(t.model, t.optimizer)}
+
+
+def nonpersistent_buffers(model: torch.nn.Module, names: set[str]) -> dict[str, Tensor]:
+    """The values of the named non-persistent buffers (clean names), cloned to CPU."""
+    return {
+        clean_name(n): b.detach().to("cpu", copy=True)
+        for n, b in model.named_buffers()
+        if clean_name(n) in names
+    }
+
+
+def copy_buffers(target: torch.nn.Module, source: torch.nn.Module, names: set[str]) -> None:
+    """Copy the named (non-persistent) buffers of ``source`` into ``target`` (clean names)."""
+    values = {clean_name(n): b for n, b in source.named_buffers() if clean_name(n) in names}
+    with torch.no_grad():
+        for n, b in target.named_buffers():
+            if clean_name(n) in values:
+                b.copy_(values[clean_name(n)])
+
+
+def path_for(directory: str, fmt: str) -> str:
+    """The checkpoint path of a format inside ``directory``: a file or a directory."""
+    return os.path.join(directory, "ckpt.pt" if fmt == "full" else "ckpt")
+
+
+def save_rank(ctx: Any, plan: CkptPlan, path: str) -> dict[str, Any]:
+    """Rank job: train and save ``plan.save``; return what was saved, read with torch's APIs."""
+    t = build(ctx, plan.save, plan.fmt)
+    train_plan(t, plan.save)
+    state = {"model": t.model, "optimizer": t.optimizer, **make_metadata(plan.meta)}
+    t.strategy.save_checkpoint(path, state)
+    out = read_state(t)  # after the save: reading may initialize a never-stepped optimizer
+    out["world_size"] = ctx.world_size
+    t.strategy.teardown()
+    return out
+
+
+def load_rank(ctx: Any, plan: CkptPlan, path: str, resave: str | None = None) -> dict[str, Any]:
+    """Rank job: load ``path`` into fresh objects of ``plan.load``; read them with torch's APIs.
+
+    With ``resave``, also save them again (in the sharded format) to ``resave``, load that
+    into other fresh objects and read those too (``"again"``).
+    """
+    fmt = "sharded" if resave else plan.fmt
+    f = build(ctx, plan.load, fmt)
+    returned = f.strategy.load_checkpoint(path, {"model": f.model, "optimizer": f.optimizer})
+    out = read_state(f)
+    out["world_size"] = ctx.world_size
+    out["returned"] = plain_metadata(dict(returned or {}))
+    if resave:
+        f.strategy.save_checkpoint(resave, {"model": f.model, "optimizer": f.optimizer})
+        g = build(ctx, plan.load, fmt)
+        g.strategy.load_checkpoint(resave, {"model": g.model, "optimizer": g.optimizer})
+        out["again"] = read_state(g)
+        g.strategy.teardown()
+    f.strategy.teardown()
+    return out
+
+
+#: the model of the error-contract tests: small, with a Scale module (buffers)
+ERROR_SPEC = ModelSpec(hidden=4, blocks=(BlockSpec(ffn=4),), scale=True, seed=3)
+
+
+def error_scenario(family: str, world: int = 2) -> Scenario:
+    """A small scenario: FULL_SHARD, or tensor parallel over the world (DTensor parameters)."""
+    config: Any = (
+        FSDPConfig("FULL_SHARD")
+        if family == "fsdp"
+        else MPConfig(data_parallel_size=1, tensor_parallel_size=world, tp_plan="mlp")
+    )
+    return Scenario(world, ERROR_SPEC, config, OptimSpec("adam", lr=0.01), TrainPlan(steps=1))
+
+
+def attempt(fn: Any, watch: str) -> dict[str, Any]:
+    """Run ``fn``; record what it raised and whether the files under ``watch`` changed."""
+    before = files_digest(watch) if os.path.exists(watch) else {}
+    record: dict[str, Any] = {"type": None, "message": "", "is_exception": True}
+    try:
+        fn()
+    except BaseException as exc:  # CheckpointException is a BaseException
+        record.update(
+            type=type(exc).__name__,
+            message=str(exc),
+            is_exception=isinstance(exc, Exception),
+            mro=[c.__name__ for c in type(exc).__mro__],
+        )
+    after = files_digest(watch) if os.path.exists(watch) else {}
+    record["unchanged"] = before == after
+    return record

@@ -1,0 +1,277 @@
+"""SPEC.md section 5: interoperation with plain torch, trainers and the other family.
+
+- CKPT-REKEY-1: a checkpoint written by a plain torch model and optimizer (integer ids,
+  groups in an order different from ``model.parameters()``) loads into the strategy, also
+  in a trainer's layout.
+- CKPT-REKEY-2: the strategy's full checkpoint loads into the plain model and optimizer
+  with torch's own ``load_state_dict`` (the optimizer after the suite's own conversion of
+  names to ids in ``param_groups`` order).
+- CKPT-TRAINER-1: the trainer layout with two optimizers, written, read back by plain
+  torch, loaded at another world size; a different optimizer count is refused.
+- CKPT-RT-6: a full checkpoint written by one family loads into the other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from suites._run import run
+from suites.checkpoint_checks import (
+    assert_loaded_equals_saved,
+    assert_same_model,
+    assert_same_optim,
+    files_digest,
+    standard_form,
+)
+from suites.checkpoint_jobs import build, load_rank, path_for, read_state, save_rank
+from suites.checkpoint_plans import (
+    CkptPlan,
+    ReorderedOptim,
+    ckpt_plans,
+    examples,
+    format_options,
+    plain_train,
+)
+from suites.models import build_model, clean_name
+from suites.oracles import gathered_optim_state, gathered_state, named_optim_state
+from suites.specs import FSDPConfig, Scenario, WrapSpec
+
+CROSS = [
+    pytest.param("fsdp", "model_parallel", id="fsdp_to_model_parallel"),
+    pytest.param("model_parallel", "fsdp", id="model_parallel_to_fsdp"),
+]
+
+
+def _multi_group(plan: CkptPlan) -> CkptPlan:
+    """The plan with several groups per optimizer, in reversed order on both sides."""
+    fields = {**dataclasses.asdict(plan.save.optim), "groups": "by_depth"}
+    save = dataclasses.replace(plan.save, optim=ReorderedOptim(**fields))
+    load_fields = {**fields, "lr": fields["lr"] * 2}
+    load = dataclasses.replace(plan.load, optim=ReorderedOptim(**load_fields))
+    return dataclasses.replace(plan, save=save, load=load)
+
+
+def _load_plain_rank(ctx: Any, plan: CkptPlan, path: str, layout: str) -> dict[str, Any]:
+    f = build(ctx, plan.load, "full")
+    keys = ("model", "optimizer") if layout == "plain" else ("state_dict", "optimizer_states")
+    optimizer: Any = f.optimizer if layout == "plain" else [f.optimizer]
+    f.strategy.load_checkpoint(path, {keys[0]: f.model, keys[1]: optimizer})
+    out = read_state(f)
+    f.strategy.teardown()
+    return out
+
+
+@pytest.mark.clause("CKPT-REKEY-1")
+@pytest.mark.parametrize("layout", ["plain", "trainer"])
+@examples(2)
+@given(data=st.data())
+def test_plain_torch_checkpoint_loads_into_the_strategy(
+    layout: str, data: st.DataObject, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    plan = _multi_group(data.draw(ckpt_plans(fmt="full", min_steps=1), label="plan"))
+    model = build_model(plan.save.model)
+    optimizer = plan.save.optim.build(model.named_parameters())
+    plain_train(plan.save, model, optimizer)
+    path = path_for(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()), "full")
+    if layout == "plain":
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
+    else:
+        content = {"state_dict": model.state_dict(), "optimizer_states": [optimizer.state_dict()]}
+        torch.save({**content, "epoch": 1}, path)
+    expected_optim = named_optim_state(model, optimizer)
+    loaded = run(_load_plain_rank, plan, path, layout, world_size=plan.load.world_size)
+    for rank, out in enumerate(loaded):
+        where = f"rank {rank} of {plan.load.world_size}, a plain torch checkpoint ({layout})"
+        assert_same_model(out["model"], model.state_dict(), clause="CKPT-REKEY-1", where=where)
+        assert_same_optim(out["optim"], expected_optim, clause="CKPT-REKEY-1", where=where)
+
+
+@pytest.mark.clause("CKPT-REKEY-2")
+@examples(3)
+@given(plan=ckpt_plans(fmt="full", min_steps=1))
+def test_strategy_full_checkpoint_loads_into_plain_torch(
+    plan: CkptPlan, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    path = path_for(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()), "full")
+    saved = run(save_rank, plan, path, world_size=plan.save.world_size)[0]
+    content = torch.load(path, weights_only=True)
+    where = f"{plan.worlds}, read by plain torch"
+    plain = build_model(plan.load.model)
+    plain.load_state_dict(content["model"])  # strict: keys exactly as in the plain model
+    assert_same_model(plain.state_dict(), saved["model"], clause="CKPT-REKEY-2", where=where)
+    names = {id(p): clean_name(n) for n, p in plain.named_parameters()}
+    optimizer = plan.load.optim.build(plain.named_parameters())
+    order = [[names[id(p)] for p in group["params"]] for group in optimizer.param_groups]
+    assert {n for g in order for n in g} >= set(content["optimizer"]["state"]), (
+        f"CKPT-REKEY-2: {where}: the optimizer state is keyed by "
+        f"{sorted(content['optimizer']['state'])}, not by the plain model's parameter names"
+    )
+    optimizer.load_state_dict(standard_form(content["optimizer"], order))
+    assert_same_optim(
+        named_optim_state(plain, optimizer), saved["optim"], clause="CKPT-REKEY-2", where=where
+    )
+
+
+# --- the trainer layout -------------------------------------------------------------------
+
+
+def _unit_aligned(plan: CkptPlan) -> CkptPlan:
+    """Every ``Block`` its own FSDP1 unit and no NestedBlock: each flat parameter then lies
+    in one of the two optimizers (blocks / the rest), as FSDP1's optimizer state needs."""
+    blocks = tuple(dataclasses.replace(b, kind="Block") for b in plan.save.model.blocks)
+
+    def align(scenario: Scenario) -> Scenario:
+        model = dataclasses.replace(scenario.model, blocks=blocks)
+        strategy = scenario.strategy
+        if isinstance(strategy, FSDPConfig):
+            strategy = dataclasses.replace(strategy, wrap=WrapSpec("classes", ("Block",)))
+        return dataclasses.replace(scenario, model=model, strategy=strategy)
+
+    return dataclasses.replace(plan, save=align(plan.save), load=align(plan.load))
+
+
+def _two_optimizers(ctx: Any, scenario: Scenario) -> tuple[Any, Any, list[Any]]:
+    """Strategy, model and two optimizers (blocks / the rest) of ``scenario`` (full format)."""
+    strategy = ctx.make_strategy(
+        scenario.family, **scenario.options(), **format_options(scenario.family, "full")
+    )
+    strategy.setup_environment()
+    with strategy.module_init_context(empty_init=False):
+        model = build_model(scenario.model)
+    model = strategy.setup_module(model)
+    named = list(model.named_parameters())
+    trunk = [(n, p) for n, p in named if clean_name(n).startswith("blocks.")]
+    rest = [(n, p) for n, p in named if not clean_name(n).startswith("blocks.")]
+    half = dataclasses.replace(scenario.optim, lr=scenario.optim.lr / 2)
+    optimizers = [scenario.optim.build(trunk), half.build(rest)]
+    return strategy, model, [strategy.setup_optimizer(o) for o in optimizers]
+
+
+def _read_all(model: Any, optimizers: list[Any]) -> dict[str, Any]:
+    return {
+        "model": gathered_state(model),
+        "optims": [gathered_optim_state(model, o) for o in optimizers],
+    }
+
+
+def _trainer_save_rank(ctx: Any, scenario: Scenario, path: str) -> dict[str, Any]:
+    from suites.models import make_batch
+
+    strategy, model, optimizers = _two_optimizers(ctx, scenario)
+    dp_rank, plan = strategy.distributed_sampler_kwargs["rank"], scenario.plan
+    for step in range(plan.steps):
+        x, y = make_batch(scenario.model, plan.data_seed, step, 0, dp_rank, plan.batch_size)
+        with strategy.precision.forward_context():
+            out = model(strategy.precision.convert_input(x.to(strategy.root_device)))
+        strategy.backward(torch.nn.functional.mse_loss(out.float(), y), model)
+        for o in optimizers:
+            strategy.optimizer_step(o)
+            o.zero_grad()
+    state = {"state_dict": model, "optimizer_states": optimizers, "epoch": 2, "global_step": 9}
+    strategy.save_checkpoint(path, state)
+    out = _read_all(model, optimizers)
+    strategy.teardown()
+    return out
+
+
+def _trainer_load_rank(ctx: Any, scenario: Scenario, path: str) -> dict[str, Any]:
+    strategy, model, optimizers = _two_optimizers(ctx, scenario)
+    before = files_digest(path)
+    try:
+        strategy.load_checkpoint(path, {"state_dict": model, "optimizer_states": optimizers[:1]})
+        refused = None
+    except RuntimeError as exc:
+        refused = str(exc)
+    unchanged = files_digest(path) == before
+    state: dict[str, Any] = {"state_dict": model, "optimizer_states": optimizers, "epoch": 0}
+    strategy.load_checkpoint(path, state)
+    out = {
+        **_read_all(model, optimizers),
+        "refused": refused,
+        "unchanged": unchanged,
+        "epoch": state["epoch"],
+    }
+    strategy.teardown()
+    return out
+
+
+@pytest.mark.clause("CKPT-TRAINER-1", "CKPT-REKEY-2")
+@examples(2)
+@given(plan=ckpt_plans(fmt="full", reshard=True, min_steps=1).map(_unit_aligned))
+def test_trainer_layout_with_two_optimizers(
+    plan: CkptPlan, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    path = os.path.join(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()), "trainer.ckpt")
+    saved = run(_trainer_save_rank, plan.save, path, world_size=plan.save.world_size)[0]
+    content = torch.load(path, weights_only=True)
+    where = f"the trainer file ({plan.worlds})"
+    assert {"state_dict", "optimizer_states", "epoch", "global_step"} <= set(content), (
+        f"CKPT-TRAINER-1: {where} holds {sorted(content)}"
+    )
+    assert isinstance(content["optimizer_states"], list) and len(content["optimizer_states"]) == 2
+    plain = build_model(plan.save.model)
+    plain.load_state_dict(content["state_dict"])
+    plain_optims = _plain_two_optimizers(plain, plan.save)
+    for index, (opt, osd) in enumerate(zip(plain_optims, content["optimizer_states"], strict=True)):
+        refs = [p for g in osd["param_groups"] for p in g["params"]]
+        assert refs == list(range(len(refs))), (
+            f"CKPT-TRAINER-1: {where}: optimizer {index} is not in the standard form (ids "
+            f"0..n-1 in param_groups order): {refs}"
+        )
+        opt.load_state_dict(osd)  # torch's own: ids matched by position in param_groups
+        assert_same_optim(
+            named_optim_state(plain, opt),
+            saved["optims"][index],
+            clause="CKPT-TRAINER-1",
+            where=f"{where}, optimizer {index} loaded by plain torch",
+        )
+    loaded = run(_trainer_load_rank, plan.load, path, world_size=plan.load.world_size)
+    for rank, out in enumerate(loaded):
+        where = f"load rank {rank}, {plan.worlds}, trainer layout"
+        assert_same_model(out["model"], saved["model"], clause="CKPT-TRAINER-1", where=where)
+        for index in range(2):
+            assert_same_optim(
+                out["optims"][index],
+                saved["optims"][index],
+                clause="CKPT-TRAINER-1",
+                where=f"{where}, optimizer {index}",
+            )
+        assert out["epoch"] == 2, f"CKPT-LOAD-2: {where}: epoch is {out['epoch']!r}"
+        assert out["refused"] is not None and "2" in out["refused"] and "1" in out["refused"], (
+            f"CKPT-TRAINER-1: {where}: loading 2 optimizer states into 1 optimizer must raise "
+            f"RuntimeError naming both counts; got {out['refused']!r}"
+        )
+        assert out["unchanged"], f"CKPT-TRAINER-1: {where}: the refused load changed the file"
+
+
+def _plain_two_optimizers(plain: Any, scenario: Scenario) -> list[Any]:
+    named = list(plain.named_parameters())
+    trunk = [(n, p) for n, p in named if n.startswith("blocks.")]
+    rest = [(n, p) for n, p in named if not n.startswith("blocks.")]
+    half = dataclasses.replace(scenario.optim, lr=scenario.optim.lr / 2)
+    return [scenario.optim.build(trunk), half.build(rest)]
+
+
+# --- across families ----------------------------------------------------------------------
+
+
+@pytest.mark.clause("CKPT-RT-6", "MP-3")
+@pytest.mark.parametrize("source,target", CROSS)
+@examples(2)
+@given(data=st.data())
+def test_full_checkpoint_loads_into_the_other_family(
+    source: str, target: str, data: st.DataObject, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    plan = data.draw(ckpt_plans(source, "full", load_family=target, reshard=True), label="plan")
+    path = path_for(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()), "full")
+    saved = run(save_rank, plan, path, world_size=plan.save.world_size)
+    loaded = run(load_rank, plan, path, world_size=plan.load.world_size)
+    assert_loaded_equals_saved(plan, saved, loaded, clause="CKPT-RT-6")

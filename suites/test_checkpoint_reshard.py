@@ -1,0 +1,87 @@
+"""SPEC.md section 5: resharding (save at world size A, load at B) and offline conversion.
+
+Each example runs two jobs at two world sizes on one checkpoint directory that the
+controller creates: the param id (``4to2``) and every failure message name both sizes.
+Saved state is read on the saving ranks with torch's own gathered-state APIs and compared
+bitwise with what the loading ranks read after the load.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from suites._run import run
+from suites.checkpoint_checks import (
+    assert_loaded_equals_saved,
+    assert_same_model,
+    assert_same_optim,
+    convert_offline,
+)
+from suites.checkpoint_jobs import load_rank, path_for, save_rank
+from suites.checkpoint_plans import CkptPlan, ckpt_plans, examples
+
+#: (family, format, save world, load world): both families and formats, shrinking and growing
+RESHARD_CASES = [
+    ("fsdp", "sharded", 4, 2),
+    ("fsdp", "full", 2, 4),
+    ("fsdp", "sharded", 2, 3),
+    ("model_parallel", "sharded", 2, 4),
+    ("model_parallel", "full", 4, 2),
+]
+
+
+def _case(family: str, fmt: str, a: int, b: int) -> Any:
+    clauses = ("CKPT-RT-3", "MP-3") if family == "model_parallel" else ("CKPT-RT-3",)
+    return pytest.param(
+        family,
+        fmt,
+        (a, b),
+        id=f"{family}-{fmt}-{a}to{b}",
+        marks=[pytest.mark.clause(*clauses), pytest.mark.world_size(a, b)],
+    )
+
+
+@pytest.mark.parametrize("family,fmt,worlds", [_case(*c) for c in RESHARD_CASES])
+@examples(2)
+@given(data=st.data())
+def test_reshard_save_at_a_load_at_b(
+    family: str,
+    fmt: str,
+    worlds: tuple[int, int],
+    data: st.DataObject,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    plan = data.draw(ckpt_plans(family, fmt, worlds), label="plan")
+    path = path_for(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()), fmt)
+    saved = run(save_rank, plan, path, world_size=worlds[0])
+    assert saved[0]["world_size"] == worlds[0]
+    loaded = run(load_rank, plan, path, world_size=worlds[1])
+    assert_loaded_equals_saved(plan, saved, loaded, clause="CKPT-RT-3")
+
+
+@pytest.mark.clause("CKPT-RT-4")
+@examples(3)
+@given(plan=ckpt_plans(fmt="sharded", reshard=True))
+def test_sharded_converted_offline_loads_and_resaves_equal(
+    plan: CkptPlan, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    directory = tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp())
+    sharded, full, again = (os.path.join(directory, n) for n in ("ckpt", "full.pt", "again"))
+    saved = run(save_rank, plan, sharded, world_size=plan.save.world_size)
+    convert_offline(sharded, full)  # one process, no process group
+    content = torch.load(full, weights_only=True)
+    where = f"the converted file, {plan.worlds}"
+    assert_same_model(content["model"], saved[0]["model"], clause="CKPT-RT-4", where=where)
+    loaded = run(load_rank, plan, full, again, world_size=plan.load.world_size)
+    assert_loaded_equals_saved(plan, saved, loaded, clause="CKPT-RT-4", what=" (converted)")
+    for rank, out in enumerate(loaded):
+        where = f"load rank {rank}, full loaded then saved sharded and loaded, {plan.worlds}"
+        assert_same_model(out["again"]["model"], saved[0]["model"], clause="CKPT-RT-4", where=where)
+        assert_same_optim(out["again"]["optim"], saved[0]["optim"], clause="CKPT-RT-4", where=where)

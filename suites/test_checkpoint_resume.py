@@ -1,0 +1,265 @@
+"""SPEC.md CKPT-RT-5 as a stateful test: resuming from a checkpoint equals never stopping.
+
+:class:`ResumeMachine` lives in the controller. Its rules train one step (micro-batches
+accumulated under ``no_backward_sync``, optionally clipped), save (in the segment's
+format), or resume: load a saved checkpoint into fresh objects at a drawn world size (a
+new *segment*, with new strategy options and format) and train on. The ranks keep nothing
+between jobs, so every rule runs one job that replays its segment: set up (fresh init, or
+fresh objects loaded from the segment's checkpoint), then the segment's steps and saves so
+far. The invariant: the gathered parameters equal the plain, unsharded model trained in
+this process on the same data (restored from its own snapshot where the sharded run loaded
+a checkpoint), within the fp32 tolerance. A failure prints the steps, e.g.
+``state.resume(data=data(...), name=checkpoints_0, then=1, world=2)`` and the drawn options.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
+
+from suites._run import micro_step, run
+from suites.checkpoint_jobs import build, path_for
+from suites.checkpoint_plans import FAMILIES, FORMATS, load_scenarios
+from suites.models import make_batch
+from suites.oracles import assert_close_state, gathered_state, reference_model
+from suites.scenarios import scenarios, world_sizes
+from suites.specs import Scenario, TrainPlan
+from suites.tolerances import tolerance
+
+
+@dataclass(frozen=True)
+class Step:
+    """One optimizer step: global data index, micro-batches, clip ``max_norm`` or None."""
+
+    index: int
+    micro: int
+    clip: float | None
+
+
+@dataclass(frozen=True)
+class Save:
+    """Save model and optimizer to ``path``."""
+
+    path: str
+
+
+@dataclass
+class Segment:
+    """What one strategy instance does: set up (and load ``source``), then ``ops``."""
+
+    scenario: Scenario
+    fmt: str
+    source: str | None = None
+    ops: list[Step | Save] = field(default_factory=list)
+
+
+def _take_step(t: Any, scenario: Scenario, step: Step, dp_rank: int) -> None:
+    plan = dataclasses.replace(scenario.plan, micro_batches=step.micro)
+    sc = dataclasses.replace(scenario, plan=plan)
+    for micro in range(step.micro):
+        with t.strategy.no_backward_sync(t.model, enabled=micro < step.micro - 1):
+            micro_step(t, sc, step.index, micro, dp_rank)
+    if step.clip is not None:
+        t.strategy.clip_gradients_norm(t.model, t.optimizer, max_norm=step.clip)
+    t.strategy.optimizer_step(t.optimizer)
+    t.optimizer.zero_grad()
+
+
+def segment_rank(ctx: Any, segment: Segment) -> dict[str, Any]:
+    """Replay ``segment`` on this rank; return the gathered parameters."""
+    t = build(ctx, segment.scenario, segment.fmt)
+    if segment.source is not None:
+        t.strategy.load_checkpoint(segment.source, {"model": t.model, "optimizer": t.optimizer})
+    dp_rank = t.strategy.distributed_sampler_kwargs["rank"]
+    for op in segment.ops:
+        if isinstance(op, Step):
+            _take_step(t, segment.scenario, op, dp_rank)
+        else:
+            t.strategy.save_checkpoint(op.path, {"model": t.model, "optimizer": t.optimizer})
+    state = gathered_state(t.model)
+    t.strategy.teardown()
+    return {"state": state}
+
+
+class PlainReference:
+    """The plain model and optimizer, trained in this process on every dp rank's data."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.model = reference_model(scenario)
+        self.optimizer = scenario.optim.build(self.model.named_parameters())
+        self.steps = 0
+
+    def step(self, step: Step, dp: int) -> None:
+        """One step as the sharded run takes it with ``dp`` data-parallel ranks."""
+        plan = self.scenario.plan
+        for micro in range(step.micro):
+            for r in range(dp):
+                x, y = make_batch(
+                    self.scenario.model, plan.data_seed, step.index, micro, r, plan.batch_size
+                )
+                (F.mse_loss(self.model(x).float(), y) / (dp * step.micro)).backward()
+        if step.clip is not None:
+            params = [p for p in self.model.parameters() if p.grad is not None]
+            torch.nn.utils.clip_grad_norm_(params, step.clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        self.steps += 1
+
+    def snapshot(self) -> tuple[dict, dict, int]:
+        """Model state, optimizer state and step count (deep copies)."""
+        return (
+            copy.deepcopy(self.model.state_dict()),
+            copy.deepcopy(self.optimizer.state_dict()),
+            self.steps,
+        )
+
+    def restore(self, snapshot: tuple[dict, dict, int]) -> None:
+        """Go back to a snapshot."""
+        model, optim, self.steps = copy.deepcopy(snapshot)
+        self.model.load_state_dict(model)
+        self.optimizer.load_state_dict(optim)
+
+
+@st.composite
+def resume_scenarios(draw: st.DrawFn) -> Scenario:
+    """An fp32 scenario whose optimizer has state (SGD with momentum, Adam, AdamW); the
+    first (simplest) example ties, freezes, nests and holds buffers."""
+    plan = TrainPlan(
+        steps=0, batch_size=draw(st.integers(1, 3)), data_seed=draw(st.integers(0, 99))
+    )
+    tied, frozen, nested, scale = (draw(st.sampled_from((True, False))) for _ in range(4))
+    family = draw(st.sampled_from(FAMILIES))
+    scenario = draw(
+        scenarios(
+            family,
+            plan=st.just(plan),
+            optimizers=("adamw", "adam", "sgd"),
+            tied=tied,
+            frozen=frozen,
+            nested=nested,
+            scale=scale,
+        )
+    )
+    return dataclasses.replace(scenario, optim=dataclasses.replace(scenario.optim, momentum=0.9))
+
+
+#: (micro-batches, clip max_norm): accumulation and clipping first
+STEPS = st.tuples(st.sampled_from((2, 1)), st.sampled_from((0.5, None)))
+
+
+class ResumeMachine(RuleBasedStateMachine):
+    """Train, save and load at random; the sharded run must track the plain one."""
+
+    checkpoints = Bundle("checkpoints")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.root = tempfile.mkdtemp(prefix="shardcheck-resume-")
+        self.saved: dict[str, tuple[dict, dict, int]] = {}
+        self.state: list[dict[str, Any]] = []
+
+    @initialize(
+        target=checkpoints,
+        scenario=resume_scenarios(),
+        fmt=st.sampled_from(FORMATS),
+        first=st.sampled_from((2, 1, 0)),
+    )
+    def start(self, scenario: Scenario, fmt: str, first: int) -> str:
+        """Train ``first`` steps from a fresh init, then save."""
+        self.base = scenario
+        self.reference = PlainReference(scenario)
+        self.segment = Segment(scenario, fmt)
+        for _ in range(first):
+            self._step(1, None)
+        return self._save()
+
+    def _step(self, micro: int, clip: float | None) -> None:
+        step = Step(self.reference.steps, micro, clip)
+        self.segment.ops.append(step)
+        self.reference.step(step, self.segment.scenario.dp_size)
+
+    def _save(self) -> str:
+        world = self.segment.scenario.world_size
+        name = f"ckpt{len(self.saved)}-{self.segment.fmt}-ws{world}"
+        self.segment.ops.append(Save(path_for(f"{self.root}/{name}", self.segment.fmt)))
+        self.saved[name] = self.reference.snapshot()
+        self._replay()
+        return name
+
+    def _replay(self) -> None:
+        self.state = run(segment_rank, self.segment, world_size=self.segment.scenario.world_size)
+
+    @rule(name=checkpoints, world=world_sizes(2), then=st.sampled_from((1, 2, 0)), data=st.data())
+    def resume(self, name: str, world: int, then: int, data: st.DataObject) -> None:
+        """Load ``name`` into fresh objects at ``world`` (new options and format), then take
+        ``then`` steps: the resumed run of CKPT-RT-5, in one job."""
+        drawn = data.draw(load_scenarios(self.base, world), label="load options")
+        # a resumed run builds the same model (non-persistent buffers are not saved)
+        scenario = dataclasses.replace(drawn, model=self.base.model, optim=self.base.optim)
+        fmt = data.draw(st.sampled_from(FORMATS), label="format")
+        source = path_for(f"{self.root}/{name}", name.split("-")[1])
+        self.segment = Segment(scenario, fmt, source)
+        self.reference.restore(self.saved[name])
+        for _ in range(then):
+            self._step(1, None)
+        self._replay()
+
+    @rule(step=STEPS)
+    def train(self, step: tuple[int, float | None]) -> None:
+        """One optimizer step (``micro`` micro-batches, optional clipping)."""
+        self._step(*step)
+        self._replay()
+
+    @rule(target=checkpoints)
+    def save(self) -> str:
+        """Save in the segment's format."""
+        return self._save()
+
+    @invariant()
+    def tracks_the_plain_model(self) -> None:
+        """Every rank's gathered parameters equal the plain model's (fp32 tolerance)."""
+        if not self.state:
+            return
+        optim = self.base.optim
+        tol = tolerance("32-true", optim.kind, lr=optim.max_lr, steps=self.reference.steps)
+        expected = {k: v.detach() for k, v in self.reference.model.state_dict().items()}
+        for rank, out in enumerate(self.state):
+            assert_close_state(
+                out["state"],
+                expected,
+                tol,
+                what=f"CKPT-RT-5: rank {rank} of {self.segment.scenario.world_size}, after "
+                f"{self.reference.steps} steps: parameter/buffer",
+            )
+
+    def teardown(self) -> None:
+        """Remove the checkpoints of this example."""
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.mark.clause("CKPT-RT-5", "MP-3")
+def test_resume_equals_training_without_stopping() -> None:
+    base = settings().max_examples
+    run_state_machine_as_test(
+        ResumeMachine,
+        settings=settings(max_examples=max(1, 3 * base // 10), stateful_step_count=4),
+    )

@@ -1,0 +1,177 @@
+"""SPEC.md section 5: strict and non-strict loading, both formats and families.
+
+Two models that differ by the keys of their ``Scale`` module (``scale.gate``,
+``scale.scale``) and by their seed save one checkpoint each; each then loads the other's.
+``strict=True`` must refuse missing and unexpected model keys and a missing requested
+metadata key, naming them, with the files unchanged; ``strict=False`` must load the present
+keys, keep the missing ones, ignore the unexpected ones, and still refuse an optimizer whose
+parameter groups differ from the checkpoint's (``ValueError`` naming the group).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from suites._run import run
+from suites.checkpoint_checks import check_refusal, tree_diff
+from suites.checkpoint_jobs import attempt, build, read_state, train_plan
+from suites.checkpoint_plans import CkptPlan, ckpt_plans, examples
+from suites.specs import Scenario
+
+CASES = [(f, m) for f in ("fsdp", "model_parallel") for m in ("full", "sharded")]
+OTHER_GROUPS = {"one": "by_depth", "by_depth": "by_kind", "by_kind": "one"}
+
+
+def _params(clause: str) -> list[Any]:
+    marks = [pytest.mark.clause(clause)]
+    return [
+        pytest.param(
+            f, m, id=f"{f}-{m}", marks=marks + ([pytest.mark.clause("MP-3")] if f != "fsdp" else [])
+        )
+        for f, m in CASES
+    ]
+
+
+def _with_scale(scenario: Scenario, scale: bool) -> Scenario:
+    return dataclasses.replace(scenario, model=dataclasses.replace(scenario.model, scale=scale))
+
+
+def _two_checkpoints(ctx: Any, plan: CkptPlan, directory: str) -> tuple[Any, Any, str, str]:
+    """``a`` (no Scale keys, saving seed) and ``b`` (Scale keys, fresh seed), each trained
+    and saved: model, optimizer and ``{"step": 7}``."""
+    a = build(ctx, _with_scale(plan.save, False), plan.fmt)
+    b = build(ctx, _with_scale(plan.load, True), plan.fmt)
+    paths = []
+    for name, t in (("without", a), ("with", b)):
+        train_plan(t, plan.save)
+        path = os.path.join(directory, f"{name}.pt" if plan.fmt == "full" else name)
+        t.strategy.save_checkpoint(path, {"model": t.model, "optimizer": t.optimizer, "step": 7})
+        paths.append(path)
+    return a, b, paths[0], paths[1]
+
+
+def _strict_rank(ctx: Any, plan: CkptPlan, directory: str) -> dict[str, Any]:
+    a, b, without, with_ = _two_checkpoints(ctx, plan, directory)
+    out = {
+        "missing": attempt(
+            lambda: b.strategy.load_checkpoint(without, {"model": b.model}), directory
+        ),
+        "unexpected": attempt(
+            lambda: a.strategy.load_checkpoint(with_, {"model": a.model}), directory
+        ),
+        "meta": attempt(
+            lambda: a.strategy.load_checkpoint(without, {"model": a.model, "absent": 1}), directory
+        ),
+    }
+    a.strategy.teardown()
+    b.strategy.teardown()
+    return out
+
+
+@pytest.mark.parametrize("family,fmt", _params("CKPT-STRICT-1"))
+@examples(1)
+@given(data=st.data())
+def test_strict_load_refuses_key_differences(
+    family: str, fmt: str, data: st.DataObject, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    plan = data.draw(ckpt_plans(family, fmt, same_config=True, min_steps=1), label="plan")
+    directory = tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp())
+    for rank, out in enumerate(run(_strict_rank, plan, directory, world_size=plan.save.world_size)):
+        what = f"rank {rank}, {plan.worlds}, strict=True"
+        errors = ("KeyError", "RuntimeError")
+        check_refusal(
+            out["missing"], errors, "CKPT-STRICT-1", f"{what}, model keys missing", ("scale.",)
+        )
+        check_refusal(
+            out["unexpected"],
+            errors,
+            "CKPT-STRICT-1",
+            f"{what}, unexpected model keys",
+            ("scale.",),
+        )
+        check_refusal(
+            out["meta"],
+            ("KeyError",),
+            "CKPT-STRICT-1",
+            f"{what}, requested metadata missing",
+            ("absent",),
+        )
+
+
+def _non_strict_rank(ctx: Any, plan: CkptPlan, directory: str) -> dict[str, Any]:
+    a, b, without, with_ = _two_checkpoints(ctx, plan, directory)
+    saved_a, saved_b = read_state(a)["model"], read_state(b)["model"]
+    state: dict[str, Any] = {"model": b.model, "step": -1, "absent": "kept"}
+    out: dict[str, Any] = {
+        "saved_a": saved_a,
+        "saved_b": saved_b,
+        "missing": attempt(
+            lambda: b.strategy.load_checkpoint(without, state, strict=False), directory
+        ),
+    }
+    out["b"], out["step"], out["absent"] = read_state(b)["model"], state["step"], state["absent"]
+    out["unexpected"] = attempt(
+        lambda: a.strategy.load_checkpoint(with_, {"model": a.model}, strict=False), directory
+    )
+    out["a"] = read_state(a)["model"]
+    other = dataclasses.replace(plan.save.optim, groups=OTHER_GROUPS[plan.save.optim.groups])
+    regrouped = a.strategy.setup_optimizer(other.build(a.model.named_parameters()))
+    out["groups"] = attempt(
+        lambda: a.strategy.load_checkpoint(
+            without, {"model": a.model, "optimizer": regrouped}, strict=False
+        ),
+        directory,
+    )
+    a.strategy.teardown()
+    b.strategy.teardown()
+    return out
+
+
+def _scale(state: dict) -> dict:
+    return {k: v for k, v in state.items() if k.startswith("scale.")}
+
+
+def _rest(state: dict) -> dict:
+    return {k: v for k, v in state.items() if not k.startswith("scale.")}
+
+
+@pytest.mark.parametrize("family,fmt", _params("CKPT-STRICT-2"))
+@examples(1)
+@given(data=st.data())
+def test_non_strict_load_keeps_missing_and_ignores_unexpected(
+    family: str, fmt: str, data: st.DataObject, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    plan = data.draw(ckpt_plans(family, fmt, same_config=True, min_steps=1), label="plan")
+    directory = tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp())
+    results = run(_non_strict_rank, plan, directory, world_size=plan.save.world_size)
+    for rank, out in enumerate(results):
+        what = f"CKPT-STRICT-2: rank {rank}, {plan.worlds}, strict=False"
+        for key in ("missing", "unexpected"):
+            assert out[key]["type"] is None, (
+                f"{what}: a checkpoint with {key} model keys raised {out[key]['type']}: "
+                f"{out[key]['message']}"
+            )
+        found = tree_diff(_rest(out["b"]), _rest(out["saved_a"]), "present keys")
+        assert found is None, f"{what}: the present keys did not load: {found}"
+        found = tree_diff(_scale(out["b"]), _scale(out["saved_b"]), "missing keys")
+        assert found is None, f"{what}: keys missing from the checkpoint changed: {found}"
+        assert out["step"] == 7 and out["absent"] == "kept", (
+            f"{what}: metadata: step={out['step']!r} (saved 7), absent={out['absent']!r} "
+            "(not in the checkpoint: must keep 'kept')"
+        )
+        found = tree_diff(out["a"], _rest(out["saved_b"]), "loaded keys")
+        assert found is None, f"{what}: with unexpected keys ignored, the rest must load: {found}"
+        check_refusal(
+            out["groups"],
+            ("ValueError",),
+            "CKPT-STRICT-2",
+            f"rank {rank}, {plan.worlds}: optimizer with other parameter groups",
+            ("group",),
+        )

@@ -1,0 +1,1 @@
+"""Self-check of the checkpoint suites: deliberately broken strategies must be caught."""

@@ -1,0 +1,49 @@
+"""Issue 6 self-check: each broken strategy fails the checkpoint suites on its clause.
+
+Each inner run selects only the checks of the clause the strategy breaks (``--clauses``),
+stops at the first failure (``-x``) and does not shrink (Hypothesis profile ``selfcheck``).
+It must fail, and the conformance summary must list the clause as ``failed`` with a failure
+whose text names the clause.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from selfcheck_ckpt.run_suites import run_suites
+
+#: factory in selfcheck_ckpt.broken -> the clause it breaks
+BROKEN = {
+    "local_shard_optimizer": "CKPT-RT-3",
+    "ignores_metadata": "CKPT-LOAD-2",
+    "strict_false_raises_on_missing_keys": "CKPT-STRICT-2",
+    "rekeys_in_parameters_order": "CKPT-REKEY-1",
+    "skips_optimizer_in_full_format": "CKPT-RT-1",
+}
+
+
+@pytest.mark.parametrize("factory", sorted(BROKEN))
+def test_broken_strategy_is_caught_on_its_clause(factory: str) -> None:
+    clause = BROKEN[factory]
+    args = [
+        "--strategy",
+        f"selfcheck_ckpt.broken:{factory}",
+        "--clauses",
+        clause,
+        "-x",
+        "--nproc",
+        "4",
+        "--hypothesis-profile=selfcheck",
+        "-q",
+    ]
+    result = run_suites(args, timeout=170)
+    output = result.stdout + result.stderr
+    tail = output[-4000:]
+    assert result.returncode == 1, (
+        f"{factory}: the suites did not fail (rc={result.returncode})\n{tail}"
+    )
+    line = re.search(rf"^\s+{re.escape(clause)}\s+(\S+)\s+(\S+): (.*)$", output, re.MULTILINE)
+    assert line is not None, f"{factory}: no summary line for {clause}\n{tail}"
+    assert line.group(1) == "failed", f"{factory}: {clause} is {line.group(1)}, not failed\n{tail}"

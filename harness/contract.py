@@ -163,7 +163,7 @@ def load_factory(target: str) -> Callable[[StrategySpec], Any]:
         ) from exc
     except ValueError:  # builtins without a signature: accept, they fail loudly later
         pass
-    return obj  # type: ignore[no-any-return]
+    return obj
 
 
 def parse_strategy_options(items: list[str] | None) -> dict[str, Any]:

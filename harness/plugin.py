@@ -46,13 +46,25 @@ def register_hypothesis_profiles() -> None:
     common: dict[str, Any] = {
         "deadline": None,  # the job deadline (--rank-timeout) replaces Hypothesis' deadline
         "print_blob": True,
-        "suppress_health_check": [HealthCheck.too_slow],
+        # unsupported configurations are rejected examples: a strategy that refuses many
+        # drawn configurations must not turn a check with some runnable examples into an error
+        "suppress_health_check": [HealthCheck.too_slow, HealthCheck.filter_too_much],
     }
     settings.register_profile(
         "ci", max_examples=PROFILE_EXAMPLES["ci"], derandomize=True, database=None, **common
     )
-    settings.register_profile("dev", max_examples=PROFILE_EXAMPLES["dev"], **common)
-    settings.register_profile("nightly", max_examples=PROFILE_EXAMPLES["nightly"], **common)
+    # dev and nightly inherit from Hypothesis' own default profile, not from whatever profile
+    # is loaded now: under a CI environment Hypothesis has already loaded its "ci" profile
+    # (derandomized, no database), which nightly must not inherit.
+    library_default = settings.get_profile("default")
+    for name in ("dev", "nightly"):
+        settings.register_profile(
+            name,
+            parent=library_default,
+            max_examples=PROFILE_EXAMPLES[name],
+            derandomize=False,
+            **common,
+        )
     current = settings.get_current_profile_name()
     if current in ("default", "ci"):
         settings.load_profile("ci" if current == "ci" else "dev")

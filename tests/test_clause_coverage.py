@@ -2,8 +2,8 @@
 a clause SPEC.md does not have.
 
 The clause ids come from ``suites/clauses.py`` (a copy of SPEC.md's ids); the declarations are
-the ``@pytest.mark.clause(...)`` marks of the test functions in ``suites/test_*.py``, read by
-importing those modules (no collection, no ranks).
+the ``@pytest.mark.clause(...)`` marks of the test functions in ``suites/test_*.py`` and of
+their ``pytest.param`` parameter sets, read by importing those modules (no collection, no ranks).
 """
 
 from __future__ import annotations
@@ -21,8 +21,17 @@ SUITES = Path(__file__).resolve().parents[1] / "suites"
 
 
 def _marks(obj: Any) -> list[pytest.Mark]:
+    """The object's marks, and those of its ``pytest.param(..., marks=...)`` parameter sets."""
     marks = getattr(obj, "pytestmark", [])
-    return list(marks) if isinstance(marks, (list, tuple)) else [marks]
+    direct = list(marks) if isinstance(marks, (list, tuple)) else [marks]
+    from_params = [
+        mark
+        for parametrize in direct
+        if parametrize.name == "parametrize" and len(parametrize.args) > 1
+        for value in parametrize.args[1]
+        for mark in getattr(value, "marks", ())
+    ]
+    return direct + from_params
 
 
 def _tests(module: Any) -> Iterator[tuple[str, list[pytest.Mark]]]:

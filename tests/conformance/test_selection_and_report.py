@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -146,7 +147,13 @@ def test_parity(spec):
 """
 
 
-def test_check_ids_are_readable_and_strip_the_suites_package(run_suite: RunSuite) -> None:
+def test_check_ids_are_readable_and_strip_the_suites_package(
+    run_suite: RunSuite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The fake project has its own ``suites`` package; in this in-process run the real one,
+    # imported by other tests of this session, would otherwise shadow it.
+    for name in [m for m in sys.modules if m == "suites" or m.startswith("suites.")]:
+        monkeypatch.delitem(sys.modules, name)
     run = run_suite(None, files={"suites/__init__.py": "", "suites/test_ckpt.py": IDS})
     assert list(run.outcomes()) == [
         "test_ckpt.TestCheckpoint.test_roundtrip[full]",

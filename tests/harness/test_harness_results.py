@@ -95,7 +95,6 @@ def test_failed_assert_on_a_rank_shows_the_values() -> None:
     message = str(info.value)
     assert "rank 1 raised AssertionError" in message
     assert "{'a': 1, 'b': 3} == {'a': 1, 'b': 2}" in message
-    assert "Differing items" in message
     assert info.value.outcomes[0].ok
 
 

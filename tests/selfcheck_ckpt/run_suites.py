@@ -32,7 +32,7 @@ def run_suites(
         "pytest",
         *SUITES,
         "-p",
-        "selfcheck_ckpt.plugin",
+        "tests.selfcheck.profile",
         "-p",
         "no:cacheprovider",
         *args,

@@ -55,7 +55,14 @@ from harness.protocol import (
 )
 from harness.warmup import tiny_fsdp2_step
 
-__all__ = ["WorkerSpec", "pg_timeout_for", "worker_main"]
+__all__ = [
+    "JobRunner",
+    "WorkerSpec",
+    "join_process_group",
+    "pg_timeout_for",
+    "warm_up_rank",
+    "worker_main",
+]
 
 STACK_SIGNAL = signal.SIGUSR1
 
@@ -137,15 +144,14 @@ def _watch_controller(life: Connection, own_group: bool) -> None:
 
 
 class _Rank:
-    """One rank's serving loop; joins the default process group on construction."""
+    """One local rank: joins the default process group, then answers commands on its pipe."""
 
     def __init__(self, spec: WorkerSpec, conn: Connection, capture: OutputCapture) -> None:
         self.spec = spec
         self.conn = conn
-        self.capture = capture
         torch.set_num_threads(spec.threads)
         install_rewriting(spec.rewrite)
-        self.device = _device(spec)
+        device = _device(spec)
         store = dist.TCPStore(
             "127.0.0.1",
             spec.store_port,
@@ -153,28 +159,15 @@ class _Rank:
             is_master=False,
             timeout=timedelta(seconds=max(spec.pg_timeout, 30.0)),
         )
-        kwargs: dict[str, Any] = {}
-        if spec.backend == "nccl":
-            kwargs["device_id"] = self.device
-        self.pg_timeout = spec.pg_timeout
-        dist.init_process_group(
-            spec.backend,
-            store=store,
-            rank=spec.rank,
-            world_size=spec.world_size,
-            timeout=timedelta(seconds=spec.pg_timeout),
-            **kwargs,
-        )
+        join_process_group(spec.backend, store, spec.rank, spec.world_size, spec.pg_timeout, device)
         if spec.warm_up:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                tiny_fsdp2_step(self.device)
-        dist.barrier()
-        self.baseline = Baseline()
+            warm_up_rank(device)
+        self.runner = JobRunner(
+            spec.rank, spec.world_size, spec.backend, device, capture, spec.pg_timeout
+        )
 
     def serve(self) -> None:
         """Answer commands until ``stop`` or until the controller's pipe closes."""
-        handlers = {JOB: self.run_job, STATE: self.state, BARRIER: self.barrier}
         while True:
             try:
                 command: Command = decode(self.conn.recv_bytes())
@@ -182,11 +175,83 @@ class _Rank:
                 break
             if command.kind == STOP:
                 break
-            reply = handlers[command.kind](command)
-            self.conn.send_bytes(encode(reply))
-        self.capture.flush()
+            self.conn.send_bytes(encode(self.runner.handle(command)))
+        self.runner.capture.flush()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def join_process_group(
+    backend: str,
+    store: Any,
+    rank: int,
+    world_size: int,
+    pg_timeout: float,
+    device: torch.device,
+) -> None:
+    """Initialize the default process group through ``store`` (NCCL binds ``device``)."""
+    kwargs: dict[str, Any] = {}
+    if backend == "nccl":
+        kwargs["device_id"] = device
+    dist.init_process_group(
+        backend,
+        store=store,
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=pg_timeout),
+        **kwargs,
+    )
+
+
+def warm_up_rank(device: torch.device) -> None:
+    """One tiny FSDP2 step (first-use costs paid before the first job), then a barrier."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tiny_fsdp2_step(device)
+    dist.barrier()
+
+
+class JobRunner:
+    """Runs the commands of one rank inside an initialized default process group.
+
+    Shared by the local pool's ranks (pipes) and attach mode's ranks (the torchrun store).
+
+    Args:
+        rank: this rank.
+        world_size: the world size.
+        backend: the process-group backend.
+        device: this rank's device.
+        capture: where this rank's stdout/stderr go (emptied per job).
+        pg_timeout: the process group's timeout in seconds now (set per job later).
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        backend: str,
+        device: torch.device,
+        capture: OutputCapture,
+        pg_timeout: float,
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.backend = backend
+        self.device = device
+        self.capture = capture
+        self.pg_timeout = pg_timeout
+        self.baseline = Baseline()
+        self.current_job = 0
+
+    def handle(self, command: Command) -> Event:
+        """Answer one ``job``, ``state`` or ``barrier`` command."""
+        if command.kind == JOB:
+            return self.run_job(command)
+        if command.kind == STATE:
+            return self.state(command)
+        if command.kind == BARRIER:
+            return self.barrier(command)
+        raise ValueError(f"unknown command {command.kind!r} (job {command.job_id})")
 
     def _set_pg_timeout(self, seconds: float) -> None:
         if seconds != self.pg_timeout and dist.is_initialized():
@@ -198,16 +263,17 @@ class _Rank:
         job: Job = command.payload
         self.capture.start_job()
         ctx = RankContext(
-            rank=self.spec.rank,
-            world_size=self.spec.world_size,
+            rank=self.rank,
+            world_size=self.world_size,
             device=self.device,
-            backend=self.spec.backend,
+            backend=self.backend,
             job_dir=job.tmp_dir,
             job_id=command.job_id,
             factory=job.factory,
             strategy_options=job.strategy_options,
         )
         start = time.perf_counter()
+        self.current_job = command.job_id
         with capture_warnings() as records:
             try:
                 self.baseline.reset()
@@ -216,6 +282,8 @@ class _Rank:
                 payload: Any = Result(_pickle_result(value, ctx.rank), "", 0.0)
             except BaseException as exc:
                 payload = exc
+            finally:
+                self.current_job = 0
         elapsed = time.perf_counter() - start
         warned = format_warnings(records) if records else ""
         self.capture.flush()
@@ -229,7 +297,7 @@ class _Rank:
 
     def state(self, command: Command) -> Event:
         """Report the state the health check compares across ranks."""
-        return Event(STATE, command.job_id, self.spec.rank, cross_rank_state())
+        return Event(STATE, command.job_id, self.rank, cross_rank_state())
 
     def barrier(self, command: Command) -> Event:
         """Join a barrier with a short timeout: proves every rank still talks."""
@@ -238,8 +306,8 @@ class _Rank:
             self._set_pg_timeout(float(command.payload))
             dist.barrier()
         except BaseException as exc:
-            return Event(ERROR, command.job_id, self.spec.rank, _report(exc, 0.0, ""))
-        return Event(HEALTHY, command.job_id, self.spec.rank, time.perf_counter() - start)
+            return Event(ERROR, command.job_id, self.rank, _report(exc, 0.0, ""))
+        return Event(HEALTHY, command.job_id, self.rank, time.perf_counter() - start)
 
 
 def _device(spec: WorkerSpec) -> torch.device:

@@ -11,27 +11,28 @@ optimizer state stay on the CPU between steps, compute runs on the GPU), PREC-2 
 (mixed precision computes in the low dtype on the GPU, keeps float32 masters, matches the
 plain model; the sharded grad scaler skips a step on every rank), API-6 (the root device is
 the rank's CUDA device).
+
+[Note: one micro-batch for FSDP1 here] FSDP1 plans use one micro-batch per step: with
+NO_SHARD, frozen parameters and a mixed precision, accumulating under ``no_backward_sync``
+fails inside torch's FSDP1 on CPU already ("attempting to assign a gradient with dtype
+BFloat16 to a tensor with grad_dtype Float"); that is a SYNC-1 matter, not a CUDA one.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import os
 from typing import Any
 
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from torch import nn
 
 from harness import run_on_ranks
-from suites._contract import SPEC, build
-from suites._run import RankResult, micro_step, run, setup, train
+from suites._run import RankResult, run
 from suites.cuda_env import cuda_world_max, session_cuda_skip_reason
-from suites.models import Linear, build_model
-from suites.oracles import assert_close_state, assert_parity, assert_same_on_ranks, gathered_state
+from suites.cuda_jobs import device_rank, observed_train_rank, skip_rank
+from suites.oracles import assert_close_state, assert_parity, assert_same_on_ranks
 from suites.scenarios import scenarios, train_plans
 from suites.specs import MPConfig, Scenario
 from suites.tolerances import EXACT
@@ -67,7 +68,8 @@ def with_precision(scenario: Scenario, precision: str) -> Scenario:
 
 def pure_fsdp2(scenario: Scenario) -> Scenario:
     """A model_parallel scenario on a ``(world, 1)`` mesh: FSDP2 only, no tensor parallelism."""
-    assert isinstance(scenario.strategy, MPConfig)
+    if not isinstance(scenario.strategy, MPConfig):
+        raise TypeError(f"pure_fsdp2 needs a model_parallel scenario, got {scenario.family}")
     strategy = dataclasses.replace(
         scenario.strategy,
         data_parallel_size=scenario.world_size,
@@ -77,184 +79,29 @@ def pure_fsdp2(scenario: Scenario) -> Scenario:
     return dataclasses.replace(scenario, strategy=strategy)
 
 
-# --- rank side --------------------------------------------------------------------------
-
-
-def offload_parallelize(
-    module: nn.Module,
-    device_mesh: Any,
-    *,
-    fsdp_classes: tuple[str, ...],
-    reshard_after_forward: bool,
-    precision: str,
-) -> nn.Module:
-    """A ``parallelize_fn`` that applies FSDP2 with ``CPUOffloadPolicy`` (no tensor parallel).
-
-    Args:
-        module: the zoo model.
-        device_mesh: the strategy's mesh; ``data_parallel`` spans the world.
-        fsdp_classes: zoo classes that become their own FSDP2 unit before the root.
-        reshard_after_forward: ``fully_shard``'s option.
-        precision: a mixed precision applies the matching ``MixedPrecisionPolicy``.
-    """
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-
-    low = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
-    kwargs = {
-        "mesh": device_mesh["data_parallel"],
-        "reshard_after_forward": reshard_after_forward,
-        "mp_policy": MixedPrecisionPolicy(param_dtype=low, reduce_dtype=low),
-        "offload_policy": CPUOffloadPolicy(),
-    }
-    units = [m for m in module.modules() if type(m).__name__ in fsdp_classes and m is not module]
-    for sub in reversed(units):  # inner units first
-        fully_shard(sub, **kwargs)
-    fully_shard(module, **kwargs)
-    return module
-
-
-def _offload_options(scenario: Scenario, form: str) -> dict[str, Any]:
-    """Strategy options that offload parameters: ``cpu_offload`` (fsdp) or an offloading
-    ``parallelize_fn`` (model_parallel)."""
-    if isinstance(scenario.strategy, MPConfig):
-        config = scenario.strategy
-        return {
-            "parallelize_fn": functools.partial(
-                offload_parallelize,
-                fsdp_classes=config.fsdp_classes,
-                reshard_after_forward=config.reshard_after_forward,
-                precision=config.precision,
-            )
-        }
-    from torch.distributed.fsdp import CPUOffload
-
-    return {"cpu_offload": True if form == "True" else CPUOffload(offload_params=True)}
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
-def _placement(model: nn.Module) -> dict[str, list[str]]:
-    """Sorted devices and dtypes of this rank's (local) parameters."""
-    local = [_local(p) for p in model.parameters()]
-    return {
-        "devices": sorted({str(t.device) for t in local}),
-        "dtypes": sorted({str(t.dtype) for t in local}),
-    }
-
-
-def _optim_devices(optimizer: torch.optim.Optimizer) -> list[str]:
-    return sorted(
-        {
-            str(_local(v).device)
-            for state in optimizer.state.values()
-            for k, v in state.items()
-            if k != "step" and isinstance(v, torch.Tensor) and v.is_floating_point()
-        }
-    )
-
-
-def _expected_index(ctx: Any) -> int:
-    """The rank's CUDA index: ``LOCAL_RANK`` under a launcher, else the rank (one node)."""
-    return int(os.environ.get("LOCAL_RANK", ctx.rank))
-
-
-def observed_train_rank(ctx: Any, scenario: Scenario, offload: str | None) -> RankResult:
-    """Train ``scenario`` (offloading parameters when ``offload`` names a form) and record
-    where parameters, optimizer state and a Linear's forward lived."""
-    overrides = _offload_options(scenario, offload) if offload else {}
-    t = setup(ctx, scenario, **overrides)
-    compute: dict[str, str] = {}
-
-    def record(module: nn.Module, args: Any, output: torch.Tensor) -> None:
-        weight = module.weight
-        compute.setdefault("weight", f"{weight.dtype} on {weight.device}")
-        compute.setdefault("output", f"{output.dtype} on {output.device}")
-
-    linear = next(m for m in t.model.modules() if isinstance(m, Linear))
-    handle = linear.register_forward_hook(record)
-    result = RankResult(ctx.rank, t.strategy.distributed_sampler_kwargs["rank"])
-    result.extra["before"] = _placement(t.model)
-    train(t, scenario, result)
-    handle.remove()
-    result.extra["after"] = _placement(t.model)
-    result.extra["optim"] = _optim_devices(t.optimizer)
-    result.extra["compute"] = compute
-    result.extra["cuda"] = f"cuda:{_expected_index(ctx)}"
-    result.state = gathered_state(t.model)
-    t.strategy.teardown()
-    return result
-
-
-def _skip_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
-    """One step with an inf in rank 0's gradient shard, then a finite one."""
-    t = setup(ctx, scenario)
-    dp_rank = t.strategy.distributed_sampler_kwargs["rank"]
-    initial = gathered_state(t.model)
-    micro_step(t, scenario, 0, 0, dp_rank)
-    grads = [_local(p.grad) for p in t.model.parameters() if p.grad is not None]
-    devices = sorted({str(g.device) for g in grads})
-    if ctx.rank == 0:
-        grad = next(g for g in grads if g.numel() > 0)
-        grad.view(-1)[0] = float("inf")
-    t.strategy.optimizer_step(t.optimizer)
-    t.optimizer.zero_grad()
-    skipped = gathered_state(t.model)
-    micro_step(t, scenario, 1, 0, dp_rank)
-    t.strategy.optimizer_step(t.optimizer)
-    out = {
-        "initial": initial,
-        "skipped": skipped,
-        "stepped": gathered_state(t.model),
-        "grad_devices": devices,
-        "cuda": f"cuda:{_expected_index(ctx)}",
-    }
-    t.strategy.teardown()
-    return out
-
-
-def device_rank(ctx: Any, family: str) -> dict[str, Any]:
-    """Where the harness, the strategy and the set-up model put this rank."""
-    import torch.distributed as dist
-
-    strategy = build(ctx, family)
-    model = strategy.setup_module(build_model(SPEC))
-    reduced = strategy.all_reduce(torch.ones(2, device=ctx.device), reduce_op="sum")
-    out = {
-        "expected": f"cuda:{_expected_index(ctx)}",
-        "spec_device": str(ctx.device),
-        "backend": dist.get_backend(),
-        "root_device": str(strategy.root_device),
-        "current_device": f"cuda:{torch.cuda.current_device()}",
-        "params": _placement(model)["devices"],
-        "all_reduce": (str(reduced.device), reduced.tolist()),
-    }
-    strategy.teardown()
-    return out
-
-
 # --- controller side --------------------------------------------------------------------
 
 
-FAMILY_SCENARIOS = {
-    "fsdp": lambda world, precisions, plan: scenarios(
-        "fsdp", world_size=world, sharding=SHARDINGS, precisions=precisions, plan=plan
-    ),
-    "model_parallel": lambda world, precisions, plan: scenarios(
-        "model_parallel", world_size=world, plan=plan
-    ),
-}
-
-
-def _drawn(family: str, precisions: tuple[str, ...], plan: Any) -> st.SearchStrategy[Scenario]:
-    """Scenarios of ``family`` at a CUDA world size, under one of ``precisions``."""
-    base = cuda_worlds().flatmap(lambda w: FAMILY_SCENARIOS[family](w, precisions, plan))
-    return st.tuples(base, st.sampled_from(precisions)).map(
-        lambda pair: with_precision(*pair) if family == "model_parallel" else pair[0]
-    )
+def _drawn(
+    family: str, precisions: tuple[str, ...], plan: Any, **restrict: Any
+) -> st.SearchStrategy[Scenario]:
+    """Scenarios of ``family`` at a CUDA world size under one of ``precisions``
+    (``restrict``: more keyword arguments of :func:`~suites.scenarios.scenarios`)."""
+    worlds = cuda_worlds()
+    if family == "fsdp":
+        return worlds.flatmap(
+            lambda w: scenarios(
+                "fsdp",
+                world_size=w,
+                sharding=SHARDINGS,
+                precisions=precisions,
+                plan=plan,
+                **restrict,
+            )
+        )
+    # the model_parallel draw knows 32-true and bf16-mixed only: set the precision after it
+    drawn = worlds.flatmap(lambda w: scenarios(family, world_size=w, plan=plan, **restrict))
+    return st.tuples(drawn, st.sampled_from(precisions)).map(lambda pair: with_precision(*pair))
 
 
 @pytest.mark.clause("CFG-6", "TRAIN-1")
@@ -262,7 +109,7 @@ def _drawn(family: str, precisions: tuple[str, ...], plan: Any) -> st.SearchStra
     scenario=_drawn(
         "fsdp",
         ("32-true", "bf16-mixed", "16-mixed"),
-        train_plans(max_micro=2, clip=None),
+        train_plans(clip=None),  # [Note: one micro-batch for FSDP1 here]
     ),
     form=st.sampled_from(("True", "CPUOffload")),
 )
@@ -302,8 +149,7 @@ def _check_offloaded(results: list[RankResult], scenario: Scenario) -> None:
         )
         compute = r.extra["compute"]
         assert compute and all(v.endswith(f"on {r.extra['cuda']}") for v in compute.values()), (
-            f"{where}: a Linear's forward ran with {compute}; compute must run on "
-            f"{r.extra['cuda']}"
+            f"{where}: a Linear's forward ran with {compute}; compute must run on {r.extra['cuda']}"
         )
 
 
@@ -337,17 +183,13 @@ def test_cuda_mixed_precision_computes_low_on_the_gpu_and_matches(
 @pytest.mark.clause("PREC-2", "API-4")
 @given(
     st.sampled_from(("fsdp", "model_parallel")).flatmap(
-        lambda family: _drawn(family, ("16-mixed",), train_plans())
+        lambda family: _drawn(family, ("16-mixed",), train_plans(), frozen=False)
     )
 )
 def test_cuda_sharded_grad_scaler_skips_the_step_on_every_rank(
     cuda_world: int, scenario: Scenario
 ) -> None:
-    if scenario.model.frozen:
-        scenario = dataclasses.replace(
-            scenario, model=dataclasses.replace(scenario.model, frozen=())
-        )
-    outs = run(_skip_rank, scenario, world_size=scenario.world_size)
+    outs = run(skip_rank, scenario, world_size=scenario.world_size)
     for rank, out in enumerate(outs):
         assert out["grad_devices"] == [out["cuda"]], (
             f"rank {rank}: gradients on {out['grad_devices']}, expected {out['cuda']}"

@@ -3,7 +3,8 @@
 # (one GPU each) with the Hypothesis "nightly" profile (its example database lives in
 # .hypothesis/, which the workflow keeps between runs), then Lightning Fabric's strategies
 # through the adapter. Lightning's nonconforming checks are findings, not a failure of the job.
-# Not yet run on a GPU machine: see README "Status and limits".
+# Then attach mode under torchrun and coverage across ranks. Not yet run on a GPU machine:
+# see README "Status and limits".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # On GPU runners point pip at a CUDA build of the same torch version, e.g.
@@ -19,6 +20,11 @@ if [ "$gpus" -lt 2 ]; then
 fi
 python -m pytest suites/ --nproc "$nproc" --backend nccl --hypothesis-profile=nightly \
     --conformance-strict --conformance-report reports/nightly-reference
+# the same suites with torchrun starting the ranks (attach mode, one world size)
+SHARDCHECK_NPROC=$nproc REPORT_DIR=reports/nightly-attach bash ci/attach.sh \
+    --backend nccl --hypothesis-profile=ci
+# coverage of reference_impl from every rank (ci profile: the figure, not the search)
+SHARDCHECK_NPROC=$nproc bash ci/coverage.sh --backend nccl --hypothesis-profile=ci
 if ! python -m pytest suites/ --nproc "$nproc" --backend nccl --hypothesis-profile=nightly \
     --strategy harness.adapters.lightning:make_strategy --conformance-report reports/nightly-lightning; then
     echo "Lightning adapter run: nonconforming checks, see reports/nightly-lightning/report.md"

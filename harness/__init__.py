@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.api import max_world_size, run_on_ranks
+from harness.api import max_world_size, run_on_ranks, world_sizes
 from harness.context import RankContext
 from harness.contract import StrategySpec, Unsupported
 from harness.outcomes import Outcome, RankFailure
@@ -15,4 +15,5 @@ __all__ = [
     "Unsupported",
     "max_world_size",
     "run_on_ranks",
+    "world_sizes",
 ]

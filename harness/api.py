@@ -18,10 +18,11 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from harness.attach.session import AttachInfo
 from harness.contract import DEFAULT_FACTORY, Unsupported
 from harness.fnref import fn_ref_of
 from harness.launch import forkserver_context
@@ -30,17 +31,23 @@ from harness.pool import PoolSettings, RankPool
 from harness.protocol import Job
 from harness.worker import pg_timeout_for
 
+if TYPE_CHECKING:
+    from harness.attach.pool import AttachedPool
+
 __all__ = [
     "HarnessConfig",
     "configure",
     "current_config",
+    "lost_reason",
     "max_world_size",
     "pool_for",
     "resolve_backend",
     "run_on_ranks",
     "set_output_sink",
     "shutdown",
+    "unavailable_reason",
     "warm_up",
+    "world_sizes",
 ]
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -69,6 +76,8 @@ class HarnessConfig:
         strategy_options: ``--strategy-option`` values, passed in ``spec.extra``.
         threads: torch intra-op threads per rank.
         failure_grace: seconds the other ranks get to finish after one rank failed.
+        attach: the torchrun run this controller drives (attach mode), else ``None``.
+        shared_dir: where job directories go (``--shared-dir``; required on several nodes).
     """
 
     nproc: int = field(default_factory=default_nproc)
@@ -80,10 +89,12 @@ class HarnessConfig:
     strategy_options: dict[str, Any] = field(default_factory=dict)
     threads: int = 1
     failure_grace: float = 3.0
+    attach: AttachInfo | None = None
+    shared_dir: str | None = None
 
 
 _config = HarnessConfig()
-_pools: dict[int, RankPool] = {}
+_pools: dict[int, RankPool | AttachedPool] = {}
 _root: str | None = None
 _job_ids = itertools.count(1)
 _sink: OutputSink | None = None
@@ -103,11 +114,38 @@ def configure(**changes: Any) -> HarnessConfig:
         raise ValueError(f"--backend={new.backend!r} is not one of {', '.join(BACKENDS)}.")
     if not new.rank_timeout > 0:
         raise ValueError(f"--rank-timeout={new.rank_timeout} must be a positive number of seconds.")
-    if new.backend == "nccl":
+    if new.attach is not None:
+        _check_attach(new)
+    elif new.backend == "nccl":
         resolve_backend("nccl", new.nproc)
+    if new.shared_dir is not None and not os.path.isdir(new.shared_dir):
+        raise ValueError(
+            f"--shared-dir={new.shared_dir!r} is not a directory; create it on a filesystem "
+            "every node mounts at the same path."
+        )
     shutdown()
     _config = new
     return new
+
+
+def _check_attach(config: HarnessConfig) -> None:
+    info = config.attach
+    assert info is not None
+    if config.nproc != info.world_size:
+        raise ValueError(
+            f"--nproc={config.nproc} but torchrun started {info.world_size} ranks; in attach "
+            "mode the world size is torchrun's: drop --nproc or make them equal."
+        )
+    if info.nnodes > 1 and config.shared_dir is None:
+        raise ValueError(
+            f"attach mode across {info.nnodes} nodes needs --shared-dir DIR on a filesystem "
+            "every node mounts at the same path (checkpoint jobs write there)."
+        )
+    if config.backend == "nccl" and _gpu_count() < info.local_world_size:
+        raise ValueError(
+            f"--backend nccl needs one GPU per rank: {info.local_world_size} ranks on this node "
+            f"but {_gpu_count()} GPU(s) visible; use --backend gloo."
+        )
 
 
 def current_config() -> HarnessConfig:
@@ -116,8 +154,42 @@ def current_config() -> HarnessConfig:
 
 
 def max_world_size() -> int:
-    """The largest world size this session may run (``--nproc``)."""
-    return _config.nproc
+    """The largest world size this session may run (``--nproc``, or torchrun's size)."""
+    return _config.attach.world_size if _config.attach is not None else _config.nproc
+
+
+def world_sizes() -> list[int]:
+    """Every world size this session can run: ``1..--nproc``, or torchrun's one size."""
+    if _config.attach is not None:
+        return [_config.attach.world_size]
+    return list(range(1, _config.nproc + 1))
+
+
+def unavailable_reason(world_size: int) -> str | None:
+    """Why ``world_size`` cannot run in this session (``environment: ...``), or ``None``."""
+    if _config.attach is not None:
+        if world_size == _config.attach.world_size:
+            return None
+        return (
+            f"environment: needs world size {world_size} but this attach-mode run has "
+            f"torchrun's {_config.attach.world_size} ranks only; start torchrun with "
+            f"{world_size} ranks, or run it in local mode (--nproc {max(world_size, 2)})"
+        )
+    if world_size <= _config.nproc:
+        return None
+    return (
+        f"environment: needs world size {world_size} but --nproc is {_config.nproc}; "
+        f"run with --nproc {world_size} or more"
+    )
+
+
+def lost_reason() -> str | None:
+    """In attach mode, why the run cannot go on (a rank is gone), else ``None``."""
+    for pool in _pools.values():
+        lost = getattr(pool, "lost", None)
+        if lost:
+            return str(lost)
+    return None
 
 
 def set_output_sink(sink: OutputSink | None) -> OutputSink | None:
@@ -133,6 +205,11 @@ def set_output_sink(sink: OutputSink | None) -> OutputSink | None:
 
 def resolve_backend(backend: str, world_size: int) -> str:
     """``auto`` -> ``nccl`` when there is one GPU per rank, else ``gloo``.
+
+    Args:
+        backend: ``auto``, ``gloo`` or ``nccl``.
+        world_size: the ranks that need a GPU each on this machine (in attach mode, this
+            node's ranks).
 
     Raises:
         ValueError: ``nccl`` was asked for without one GPU per rank.
@@ -151,7 +228,7 @@ def resolve_backend(backend: str, world_size: int) -> str:
 def _session_root() -> str:
     global _root
     if _root is None:
-        _root = tempfile.mkdtemp(prefix="shardcheck-")
+        _root = tempfile.mkdtemp(prefix="shardcheck-", dir=_config.shared_dir)
     return _root
 
 
@@ -161,9 +238,23 @@ def _preload() -> tuple[str, ...]:
     return tuple(wanted)
 
 
-def pool_for(world_size: int) -> RankPool:
-    """The session's pool for ``world_size`` (created, not started, on first use)."""
+def pool_for(world_size: int) -> RankPool | AttachedPool:
+    """The session's pool for ``world_size`` (created, not started, on first use): a
+    :class:`RankPool`, or in attach mode the :class:`~harness.attach.pool.AttachedPool`."""
     pool = _pools.get(world_size)
+    if pool is None and _config.attach is not None:
+        from harness.attach.pool import AttachedPool
+
+        local = _config.attach.local_world_size
+        backend = resolve_backend(_config.backend, local)
+        settings = PoolSettings(
+            world_size=world_size,
+            backend=backend,
+            pg_timeout=pg_timeout_for(_config.rank_timeout),
+            threads=_config.threads,
+            failure_grace=_config.failure_grace,
+        )
+        pool = _pools[world_size] = AttachedPool(_config.attach, settings)
     if pool is None:
         backend = resolve_backend(_config.backend, world_size)
         settings = PoolSettings(
@@ -183,6 +274,10 @@ def _check_world_size(world_size: Any) -> int:
         raise TypeError(f"run_on_ranks(world_size={world_size!r}): expected an int.")
     if world_size < 1:
         raise ValueError(f"run_on_ranks(world_size={world_size}): must be at least 1.")
+    if _config.attach is not None and world_size != _config.attach.world_size:
+        import pytest
+
+        raise pytest.skip.Exception(unavailable_reason(world_size))
     if world_size > _config.nproc:
         raise ValueError(
             f"run_on_ranks(world_size={world_size}) is larger than --nproc={_config.nproc}, "

@@ -116,6 +116,8 @@ class Outcome:
             msg = f": {first[0]}" if first else ""
             return f"rank {self.rank} raised {self.error.type_name}{msg}{when}"
         if self.kind == "crashed":
+            if self.exitcode is None and self.detail:
+                return f"rank {self.rank} crashed: {self.detail}"
             if self.signal_name is not None:
                 how = f"killed by {self.signal_name} (exit code {self.exitcode})"
             else:
@@ -137,7 +139,12 @@ class Outcome:
         return "\n".join(p.rstrip() for p in parts if p.strip())
 
 
-_WATCHDOG = re.compile(r'harness[/\\]worker\.py", line \d+ in watch$', re.M)
+_WATCHDOG = re.compile(
+    r'harness[/\\](?:worker\.py", line \d+ in watch'
+    r'|attach[/\\]rank\.py", line \d+ in _watch'
+    r'|attach[/\\]__main__\.py", line \d+ in _watch_controller)$',
+    re.M,
+)
 _HARNESS_CALL = re.compile(r'harness[/\\]worker\.py", line \d+ in _call$')
 
 

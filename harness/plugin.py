@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from harness import api
+from harness.attach.session import AttachError, info_from_env
 from harness.contract import (
     DEFAULT_FACTORY,
     StrategyFactoryError,
@@ -103,6 +104,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help=f"strategy factory under test (env SHARDCHECK_STRATEGY; default {DEFAULT_FACTORY})",
     )
     group.addoption(
+        "--shared-dir",
+        default=None,
+        metavar="DIR",
+        help="directory for job files (checkpoints); in attach mode across nodes it must be on "
+        "a filesystem every node mounts at the same path",
+    )
+    group.addoption(
         "--strategy-option",
         action="append",
         default=[],
@@ -127,17 +135,22 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         load_factory(strategy)
         options = parse_strategy_options(config.getoption("strategy_option"))
+        attach = info_from_env()
         nproc = config.getoption("nproc")
+        if nproc is None:
+            nproc = attach.world_size if attach is not None else api.default_nproc()
         api.configure(
-            nproc=api.default_nproc() if nproc is None else nproc,
+            nproc=nproc,
             backend=config.getoption("backend"),
             rank_timeout=config.getoption("rank_timeout"),
             strategy=strategy,
             strategy_options=options,
+            attach=attach,
+            shared_dir=config.getoption("shared_dir"),
         )
-    except (StrategyFactoryError, ValueError) as exc:
+    except (StrategyFactoryError, ValueError, AttachError) as exc:
         raise pytest.UsageError(str(exc)) from None
-    if not config.option.collectonly:
+    if attach is None and not config.option.collectonly:
         api.warm_up()
 
 
@@ -155,8 +168,11 @@ def refuse_xdist(config: Any) -> None:
 def pytest_report_header(config: pytest.Config) -> str:
     """One header line with the session's harness settings."""
     cfg = api.current_config()
+    mode = ""
+    if cfg.attach is not None:
+        mode = f" attach=torchrun({cfg.attach.nnodes} node(s) x {cfg.attach.local_world_size})"
     return (
-        f"shardcheck: nproc={cfg.nproc} backend={cfg.backend} "
+        f"shardcheck: nproc={cfg.nproc}{mode} backend={cfg.backend} "
         f"rank-timeout={cfg.rank_timeout:g}s strategy={cfg.strategy}"
     )
 
@@ -183,13 +199,7 @@ def marker_sizes(marker: pytest.Mark) -> list[int]:
 
 
 def _too_big(size: int) -> str | None:
-    nproc = api.max_world_size()
-    if size <= nproc:
-        return None
-    return (
-        f"environment: needs world size {size} but --nproc is {nproc}; "
-        f"run with --nproc {size} or more"
-    )
+    return api.unavailable_reason(size)
 
 
 def _parametrized(metafunc: pytest.Metafunc, name: str) -> bool:
@@ -254,6 +264,23 @@ def pytest_shardcheck_setup_output(item: pytest.Item) -> Generator[None, Any, An
 def pytest_shardcheck_call_output(item: pytest.Item) -> Generator[None, Any, Any]:
     """Attach rank output of jobs run by the test to the report."""
     return (yield from _with_sink(item, "call"))
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    """In attach mode, end the session once a rank is gone (nothing can run any more)."""
+    lost = api.lost_reason()
+    if lost and _SESSION is not None and not _SESSION.shouldstop:
+        first = lost.splitlines()[0]
+        _SESSION.shouldstop = f"shardcheck attach mode: the run cannot go on ({first})"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Remember the session (attach mode stops it when a rank is gone)."""
+    global _SESSION
+    _SESSION = session
+
+
+_SESSION: pytest.Session | None = None
 
 
 @pytest.hookimpl(wrapper=True, specname="pytest_runtest_teardown")

@@ -53,6 +53,7 @@ from harness.protocol import (
     decode,
     encode,
 )
+from harness.rankcoverage import rank as rank_coverage
 from harness.warmup import tiny_fsdp2_step
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "WorkerSpec",
     "join_process_group",
     "pg_timeout_for",
+    "report_error",
     "warm_up_rank",
     "worker_main",
 ]
@@ -106,6 +108,7 @@ def pg_timeout_for(deadline: float) -> float:
 def worker_main(spec: WorkerSpec, conn: Connection, life: Connection) -> None:
     """Entry point of a rank process (the target of ``multiprocessing.Process``)."""
     own_group = _become_group_leader()
+    rank_coverage.start_from_env(spec.rank)  # no-op unless --rank-coverage
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _watch_controller(life, own_group)
     capture = OutputCapture(spec.stdout_path, spec.stderr_path)
@@ -115,7 +118,7 @@ def worker_main(spec: WorkerSpec, conn: Connection, life: Connection) -> None:
     try:
         rank = _Rank(spec, conn, capture)
     except BaseException as exc:
-        conn.send_bytes(encode(Event(ERROR, 0, spec.rank, _report(exc, 0.0, ""))))
+        conn.send_bytes(encode(Event(ERROR, 0, spec.rank, report_error(exc, 0.0, ""))))
         capture.flush()
         os._exit(1)
     conn.send_bytes(encode(Event(READY, 0, spec.rank, os.getpid())))
@@ -291,8 +294,9 @@ class JobRunner:
             self.baseline.cleanup()
         except Exception as exc:  # reported: the job left state the harness cannot undo
             payload = exc
+        rank_coverage.save()  # no-op unless --rank-coverage; a killed rank keeps its data
         if isinstance(payload, BaseException):
-            return Event(ERROR, command.job_id, ctx.rank, _report(payload, elapsed, warned))
+            return Event(ERROR, command.job_id, ctx.rank, report_error(payload, elapsed, warned))
         return Event(RESULT, command.job_id, ctx.rank, Result(payload.value, warned, elapsed))
 
     def state(self, command: Command) -> Event:
@@ -306,7 +310,7 @@ class JobRunner:
             self._set_pg_timeout(float(command.payload))
             dist.barrier()
         except BaseException as exc:
-            return Event(ERROR, command.job_id, self.rank, _report(exc, 0.0, ""))
+            return Event(ERROR, command.job_id, self.rank, report_error(exc, 0.0, ""))
         return Event(HEALTHY, command.job_id, self.rank, time.perf_counter() - start)
 
 
@@ -333,7 +337,8 @@ def _pickle_result(value: Any, rank: int) -> bytes:
         ) from None
 
 
-def _report(exc: BaseException, elapsed: float, warned: str) -> ErrorReport:
+def report_error(exc: BaseException, elapsed: float, warned: str) -> ErrorReport:
+    """An exception as an :class:`ErrorReport` (traceback without the worker's frames)."""
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import settings
@@ -28,7 +29,13 @@ from hypothesis import strategies as st
 from torch.optim import Optimizer
 
 from suites.models import ModelSpec, make_batch
-from suites.scenarios import fsdp_configs, scenarios, train_plans, world_sizes
+from suites.scenarios import (
+    available_world_sizes,
+    fsdp_configs,
+    scenarios,
+    train_plans,
+    world_sizes,
+)
 from suites.specs import MPConfig, OptimSpec, Scenario
 
 __all__ = [
@@ -148,7 +155,16 @@ class CkptPlan:
 
 
 def world_pairs(min_world: int = 2) -> st.SearchStrategy[tuple[int, int]]:
-    """Every ordered pair of different world sizes in ``[min_world, --nproc]``."""
+    """Every ordered pair of different world sizes in ``[min_world, --nproc]``.
+
+    A run with a single world size (attach mode) skips the check as ``environment``.
+    """
+    runnable = [s for s in available_world_sizes() if s >= min_world]
+    if len(runnable) < 2:
+        pytest.skip(
+            f"environment: resharding needs two world sizes >= {min_world}; this run has "
+            f"{runnable or 'none'} (attach mode runs torchrun's world size only)"
+        )
     sizes = world_sizes(min_world)
     return st.tuples(sizes, sizes).filter(lambda p: p[0] != p[1])
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import pytest
 from hypothesis import strategies as st
 
 from suites.models import BlockSpec, ModelSpec, build_model
@@ -29,6 +30,7 @@ __all__ = [
     "FSDP_PRECISIONS",
     "SHARDING_STRATEGIES",
     "ac_specs",
+    "available_world_sizes",
     "fsdp_configs",
     "max_world_size",
     "meshes",
@@ -63,16 +65,33 @@ def max_world_size() -> int:
     return int(harness_max())
 
 
+def available_world_sizes() -> list[int]:
+    """Every world size the session can run (``1..--nproc``; torchrun's one in attach mode)."""
+    try:
+        from harness import world_sizes as harness_sizes
+    except ImportError:
+        return list(range(1, max_world_size() + 1))
+    return list(harness_sizes())
+
+
 @st.composite
 def world_sizes(draw: st.DrawFn, min_size: int = 2, max_size: int | None = None) -> int:
-    """A world size in ``[min_size, min(max_size, --nproc)]``."""
+    """A world size in ``[min_size, min(max_size, --nproc)]`` the session can run.
+
+    In attach mode (one world size) a range without it skips the check as ``environment``.
+    """
     top = max_world_size() if max_size is None else min(max_size, max_world_size())
     if top < min_size:
         raise ValueError(
             f"world_sizes(min_size={min_size}) cannot be drawn: --nproc allows at most {top} "
             f"ranks; run with --nproc {min_size} or more."
         )
-    return draw(st.integers(min_size, top))
+    sizes = [s for s in available_world_sizes() if min_size <= s <= top]
+    if sizes == list(range(min_size, top + 1)):
+        return draw(st.integers(min_size, top))
+    if not sizes:
+        pytest.skip(f"environment: needs a world size in [{min_size}, {top}]; this run has none")
+    return draw(st.sampled_from(sizes))
 
 
 def meshes(world_size: int) -> st.SearchStrategy[tuple[int, int]]:

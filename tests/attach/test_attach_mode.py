@@ -1,0 +1,188 @@
+"""Attach mode under a real torchrun: 4 CPU ranks (gloo), the controller beside rank 0.
+
+Each test starts ``torchrun --nnodes 1 --nproc-per-node 4 -m harness.attach -- pytest ...``
+on a case file (``cases/``, not collected on its own) or on a subset of the suites, and
+reads the controller's JUnit XML and output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from harness.attach.__main__ import controller_command, info_from_torchrun
+from harness.attach.session import ATTACH_ENV, AttachError, AttachInfo, info_from_env
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES = Path(__file__).resolve().parent / "cases"
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1"]
+
+
+def _attach(
+    pytest_args: list[str], tmp_path: Path, timeout: float = 300
+) -> tuple[subprocess.CompletedProcess[str], dict[str, tuple[str, str]]]:
+    """Run pytest in attach mode on 4 torchrun ranks; return the process and test outcomes."""
+    junit = tmp_path / "junit.xml"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", ATTACH_ENV))}
+    command = [
+        *TORCHRUN,
+        "--nproc-per-node",
+        "4",
+        "-m",
+        "harness.attach",
+        "--",
+        "pytest",
+        *pytest_args,
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={junit}",
+        "-rA",
+    ]
+    proc = subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    return proc, _outcomes(junit) if junit.exists() else {}
+
+
+def _outcomes(junit: Path) -> dict[str, tuple[str, str]]:
+    """``{test name: (passed|failed|skipped|error, message)}`` from a JUnit XML file."""
+    found = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        kind, message = "passed", ""
+        for child in case:
+            if child.tag in ("failure", "skipped", "error"):
+                kind = {"failure": "failed"}.get(child.tag, child.tag)
+                message = child.get("message", "") + (child.text or "")
+        found[case.get("name", "")] = (kind, message)
+    return found
+
+
+def _explain(proc: subprocess.CompletedProcess[str]) -> str:
+    out, err = proc.stdout[-6000:], proc.stderr[-3000:]
+    return f"exit code {proc.returncode}\nstdout:\n{out}\nstderr:\n{err}"
+
+
+def test_attach_mode_reports_raising_and_hanging_ranks_and_heals(tmp_path: Path) -> None:
+    proc, outcomes = _attach([str(CASES / "attach_faults.py")], tmp_path)
+    assert proc.returncode == 0, _explain(proc)
+    passed = [
+        "test_every_rank_answers",
+        "test_a_raising_rank_is_attributed",
+        "test_a_hanging_rank_is_attributed_with_its_stack",
+        "test_the_pool_healed_after_the_hang",
+        "test_run_on_ranks_at_another_size_skips_as_environment",
+    ]
+    for name in passed:
+        assert outcomes.get(name) == ("passed", ""), (name, _explain(proc))
+    assert len(outcomes) == len(passed) + 1, sorted(outcomes)
+    kind, message = outcomes["test_another_world_size_is_environment[ws2]"]
+    assert kind == "skipped" and "environment: needs world size 2" in message, message
+    assert "attach=torchrun(1 node(s) x 4)" in proc.stdout
+
+
+def test_attach_mode_passes_a_subset_of_the_suites(tmp_path: Path) -> None:
+    report = tmp_path / "report"
+    args = [
+        "suites/test_training.py",
+        "suites/test_sharding.py",
+        "suites/test_checkpoint_reshard.py",
+        "--hypothesis-profile=ci",
+        "--conformance-strict",
+        f"--conformance-report={report}",
+    ]
+    proc, outcomes = _attach(args, tmp_path, timeout=480)
+    assert proc.returncode == 0, _explain(proc)
+    passed = [name for name, (kind, _) in outcomes.items() if kind == "passed"]
+    skipped = {name: msg for name, (kind, msg) in outcomes.items() if kind == "skipped"}
+    assert "test_training_matches_the_unsharded_model" in passed, _explain(proc)
+    assert len(passed) >= 8, _explain(proc)
+    assert not [k for k, _ in outcomes.values() if k in ("failed", "error")], _explain(proc)
+    for name, message in skipped.items():  # resharding needs two world sizes: environment
+        assert "environment:" in message, (name, message)
+    checks = json.loads((report / "report.json").read_text())["checks"]
+    kinds = {c["outcome"] for c in checks}
+    assert kinds <= {"passed", "environment"} and "passed" in kinds, kinds
+    assert any(c["outcome"] == "environment" for c in checks), "resharding must be environment"
+
+
+def test_a_lost_rank_ends_the_run_with_a_report(tmp_path: Path) -> None:
+    proc, outcomes = _attach([str(CASES / "attach_lost_rank.py")], tmp_path, timeout=240)
+    assert proc.returncode != 0, _explain(proc)
+    assert outcomes["test_before_the_crash"] == ("passed", ""), _explain(proc)
+    kind, message = outcomes["test_rank_3_dies"]
+    assert kind == "failed", _explain(proc)
+    assert "rank 3 crashed: no heartbeat" in message, message
+    assert "test_never_runs" not in outcomes
+    assert "THIS TEST MUST NOT RUN" not in proc.stdout
+    assert "Interrupted: shardcheck attach mode: the run cannot go on" in proc.stdout
+
+
+def test_attach_refuses_to_start_outside_torchrun() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.attach", "--", "pytest", "-q"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "must run under torchrun" in proc.stderr
+    assert "RANK" in proc.stderr
+
+
+def test_controller_command_maps_pytest_and_python_to_this_interpreter() -> None:
+    assert controller_command(["--", "pytest", "-x", "suites/"]) == [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-x",
+        "suites/",
+    ]
+    assert controller_command(["python", "script.py"]) == [sys.executable, "script.py"]
+    assert controller_command(["--", "./run.sh", "a"]) == ["./run.sh", "a"]
+    with pytest.raises(AttachError, match="usage: torchrun"):
+        controller_command(["--"])
+
+
+def test_torchrun_environment_is_read_and_checked() -> None:
+    env = {
+        "RANK": "0",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "4",
+        "GROUP_WORLD_SIZE": "2",
+        "MASTER_ADDR": "node1",
+        "MASTER_PORT": "29400",
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_RUN_ID": "job7",
+        "TORCHELASTIC_RESTART_COUNT": "1",
+    }
+    info = info_from_torchrun(env)
+    assert info == AttachInfo("node1", 29400, "shardcheck/job7/1/", 8, 4, 2)
+    assert info_from_env({ATTACH_ENV: info.to_env()}) == info
+    with pytest.raises(AttachError, match="TORCHELASTIC_USE_AGENT_STORE"):
+        info_from_torchrun({**env, "TORCHELASTIC_USE_AGENT_STORE": "False"})
+    with pytest.raises(AttachError, match="not attach-mode information"):
+        info_from_env({ATTACH_ENV: "{not json"})
+
+
+def test_attach_settings_are_checked_by_the_plugin(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    info = AttachInfo("127.0.0.1", 1, "p/", 8, 4, 2)
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    monkeypatch.setenv(ATTACH_ENV, info.to_env())
+    result = pytester.runpytest_subprocess("--nproc", "8")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*across 2 nodes needs --shared-dir DIR*"])
+    result = pytester.runpytest_subprocess("--nproc", "4", "--shared-dir", str(pytester.path))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--nproc=4 but torchrun started 8 ranks*"])

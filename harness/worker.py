@@ -192,10 +192,19 @@ def join_process_group(
     pg_timeout: float,
     device: torch.device,
 ) -> None:
-    """Initialize the default process group through ``store`` (NCCL binds ``device``)."""
+    """Initialize the default process group through ``store`` (NCCL binds ``device``).
+
+    With NCCL, a collective that outlives the process group's timeout (set below each job's
+    deadline) must raise in the job rather than tear the process down (NCCL's default, and
+    torchrun's setting): blocking waits raise on timeout, and the watchdog only aborts the
+    communicator. A torn-down rank is a crash the local pool heals by respawning, but attach
+    mode cannot replace it.
+    """
     kwargs: dict[str, Any] = {}
     if backend == "nccl":
         kwargs["device_id"] = device
+        os.environ["TORCH_NCCL_BLOCKING_WAIT"] = "1"
+        os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"
     dist.init_process_group(
         backend,
         store=store,

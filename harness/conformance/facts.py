@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from harness.api import current_config
 from harness.contract import DEFAULT_FACTORY, StrategyFactoryError, parse_strategy_options
 
 __all__ = ["environment", "reproducer", "strategy", "suite_version"]
@@ -134,7 +135,16 @@ def environment(config: pytest.Config, world_sizes: Iterable[int]) -> dict[str, 
         "device": _device(backend),
         "nproc": nproc,
         "world_sizes": sizes,
+        "launcher": _launcher(harness_config),
     }
+
+
+def _launcher(harness_config: Any) -> str:
+    """``shardcheck pool`` (local ranks) or the torchrun shape of an attach-mode run."""
+    attach = getattr(harness_config, "attach", None)
+    if attach is None:
+        return "shardcheck pool"
+    return f"torchrun attach: {attach.nnodes} node(s) x {attach.local_world_size} ranks"
 
 
 def _carried(args: Sequence[str]) -> list[str]:
@@ -189,6 +199,12 @@ def reproducer(config: pytest.Config, nodeid: str, text: str) -> str:
     if seed_value is not None:
         words.append(f"--hypothesis-seed={seed_value}")
     line = " ".join(shlex.quote(w) for w in words)
+    attach = current_config().attach
+    if attach is not None:  # the same check, on torchrun ranks of the same shape
+        line = (
+            f"torchrun --nnodes {attach.nnodes} --nproc-per-node {attach.local_world_size} "
+            f"-m harness.attach -- {line}"
+        )
     blob = _BLOB.search(text)
     if blob:
         line += f"  # to replay the exact example, add {blob.group(0)} to the test"

@@ -1,0 +1,199 @@
+"""SPEC.md section 5: a list of optimizers (the trainer's ``optimizer_states``) in the
+sharded format, both families.
+
+One job per example saves a model and two optimizers (the blocks / the rest, at two learning
+rates) under one key as a list, in the sharded format, then loads that directory into fresh
+objects: with one optimizer too few it must refuse (CKPT-TRAINER-1: ``RuntimeError`` naming
+both counts, nothing on disk changed), with both it must restore each optimizer by position
+(CKPT-RT-2, MP-3). The controller then converts the directory offline into one full file,
+which must hold the list in the trainer's standard integer-keyed form and load into fresh
+objects with the same state (CKPT-RT-4). Moved state is compared bitwise against what the
+saving job read with torch's own gathered-state APIs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+
+from suites._run import run
+from suites.checkpoint_checks import (
+    assert_same_model,
+    assert_same_optim,
+    check_refusal,
+    convert_offline,
+    standard_form,
+    tree_diff,
+)
+from suites.checkpoint_jobs import attempt
+from suites.checkpoint_plans import CkptPlan, ckpt_plans, examples, format_options
+from suites.models import build_model, clean_name, make_batch
+from suites.oracles import gathered_optim_state, gathered_state
+from suites.specs import FSDPConfig, Scenario, WrapSpec
+
+#: the trainer's key for a list of optimizers (CKPT-TRAINER-1)
+LIST_KEY = "optimizer_states"
+
+
+def _param(family: str) -> Any:
+    clauses: tuple[str, ...] = ("CKPT-RT-2", "CKPT-RT-4", "CKPT-TRAINER-1")
+    if family == "model_parallel":
+        clauses += ("MP-3",)
+    return pytest.param(family, id=family, marks=pytest.mark.clause(*clauses))
+
+
+def _unit_aligned(plan: CkptPlan) -> CkptPlan:
+    """Every block a ``Block`` that is its own FSDP1 unit: each flat parameter then lies in
+    one of the two optimizers (blocks / the rest), as FSDP1's optimizer state needs."""
+    blocks = tuple(dataclasses.replace(b, kind="Block") for b in plan.save.model.blocks)
+
+    def align(scenario: Scenario) -> Scenario:
+        strategy = scenario.strategy
+        if isinstance(strategy, FSDPConfig):
+            strategy = dataclasses.replace(strategy, wrap=WrapSpec("classes", ("Block",)))
+        model = dataclasses.replace(scenario.model, blocks=blocks)
+        return dataclasses.replace(scenario, model=model, strategy=strategy)
+
+    return dataclasses.replace(plan, save=align(plan.save), load=align(plan.load))
+
+
+def _two_optimizers(ctx: Any, scenario: Scenario, fmt: str) -> tuple[Any, Any, list[Any]]:
+    """Strategy (format ``fmt``), set-up model and two optimizers: blocks / the rest."""
+    options = {**scenario.options(), **format_options(scenario.family, fmt)}
+    strategy = ctx.make_strategy(scenario.family, **options)
+    strategy.setup_environment()
+    with strategy.module_init_context(empty_init=scenario.empty_init):
+        model = build_model(scenario.model)
+    model = strategy.setup_module(model)
+    named = list(model.named_parameters())
+    trunk = [(n, p) for n, p in named if clean_name(n).startswith("blocks.")]
+    rest = [(n, p) for n, p in named if not clean_name(n).startswith("blocks.")]
+    half = dataclasses.replace(scenario.optim, lr=scenario.optim.lr / 2)
+    optimizers = [scenario.optim.build(trunk), half.build(rest)]
+    return strategy, model, [strategy.setup_optimizer(o) for o in optimizers]
+
+
+def _train(strategy: Any, model: Any, optimizers: list[Any], scenario: Scenario) -> None:
+    """``scenario.plan.steps`` steps, one micro-batch each, every optimizer stepping."""
+    dp_rank, plan = strategy.distributed_sampler_kwargs["rank"], scenario.plan
+    device = strategy.root_device
+    for step in range(plan.steps):
+        x, y = make_batch(scenario.model, plan.data_seed, step, 0, dp_rank, plan.batch_size)
+        with strategy.precision.forward_context():
+            out = model(strategy.precision.convert_input(x.to(device)))
+        strategy.backward(F.mse_loss(out.float(), y.to(device)), model)
+        for optimizer in optimizers:
+            strategy.optimizer_step(optimizer)
+            optimizer.zero_grad()
+
+
+def _read_all(model: Any, optimizers: list[Any]) -> dict[str, Any]:
+    return {
+        "model": gathered_state(model),
+        "optims": [gathered_optim_state(model, o) for o in optimizers],
+    }
+
+
+def _sharded_list_rank(ctx: Any, plan: CkptPlan, path: str) -> dict[str, Any]:
+    """Train and save a list of two optimizers sharded; load it back, one too few first."""
+    strategy, model, optimizers = _two_optimizers(ctx, plan.save, "sharded")
+    _train(strategy, model, optimizers, plan.save)
+    strategy.save_checkpoint(path, {"model": model, LIST_KEY: optimizers, "epoch": 2})
+    saved = _read_all(model, optimizers)  # after the save, like the other round trips
+
+    fresh, f_model, f_optims = _two_optimizers(ctx, plan.load, "sharded")
+    refused = attempt(
+        lambda: fresh.load_checkpoint(path, {"model": f_model, LIST_KEY: f_optims[:1]}), path
+    )
+    state: dict[str, Any] = {"model": f_model, LIST_KEY: f_optims, "epoch": 0}
+    returned = fresh.load_checkpoint(path, state)
+    out = {
+        "saved": saved,
+        "loaded": {**_read_all(f_model, f_optims), "epoch": state["epoch"]},
+        "refused": refused,
+        "returned": dict(returned or {}),
+    }
+    strategy.teardown()
+    fresh.teardown()
+    return out
+
+
+def _full_list_rank(ctx: Any, plan: CkptPlan, path: str) -> dict[str, Any]:
+    """Load the converted full file into fresh objects with two optimizers."""
+    strategy, model, optimizers = _two_optimizers(ctx, plan.load, "full")
+    state: dict[str, Any] = {"model": model, LIST_KEY: optimizers, "epoch": 0}
+    strategy.load_checkpoint(path, state)
+    out = {**_read_all(model, optimizers), "epoch": state["epoch"]}
+    strategy.teardown()
+    return out
+
+
+def _check_loaded(out: dict[str, Any], saved: dict[str, Any], clause: str, where: str) -> None:
+    assert_same_model(out["model"], saved["model"], clause=clause, where=where)
+    for index, expected in enumerate(saved["optims"]):
+        assert_same_optim(
+            out["optims"][index], expected, clause=clause, where=f"{where}, optimizer {index}"
+        )
+    assert out["epoch"] == 2, f"CKPT-LOAD-2: {where}: requested 'epoch' is {out['epoch']!r}"
+
+
+def _check_converted(content: dict[str, Any], saved: dict[str, Any], where: str) -> None:
+    """The converted file: the model, and the list in the standard integer-keyed form."""
+    assert_same_model(content["model"], saved["model"], clause="CKPT-RT-4", where=where)
+    states = content.get(LIST_KEY)
+    assert isinstance(states, list) and len(states) == len(saved["optims"]), (
+        f"CKPT-TRAINER-1: {where}: {LIST_KEY!r} is {type(states).__name__}, not a list of "
+        f"{len(saved['optims'])} optimizer states"
+    )
+    for index, (osd, named) in enumerate(zip(states, saved["optims"], strict=True)):
+        refs = [p for g in osd["param_groups"] for p in g["params"]]
+        assert refs == list(range(len(refs))), (
+            f"CKPT-TRAINER-1: {where}: optimizer {index} is not in the standard form (ids "
+            f"0..n-1 in param_groups order): {refs}"
+        )
+        expected = standard_form(named)["state"]
+        found = tree_diff(osd["state"], expected, f"{LIST_KEY}[{index}]['state']")
+        assert found is None, f"CKPT-RT-4: {where}: {found}"
+    assert content.get("epoch") == 2, f"CKPT-RT-4: {where}: metadata 'epoch' is lost"
+
+
+@pytest.mark.parametrize("family", [_param(f) for f in ("fsdp", "model_parallel")])
+@examples(2)
+@given(data=st.data())
+def test_list_of_optimizers_round_trips_sharded_and_converts(
+    family: str, data: st.DataObject, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    plans = ckpt_plans(family, "sharded", same_config=True, min_steps=1)
+    plan = data.draw(plans.map(_unit_aligned), label="plan")
+    directory = tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp())
+    sharded, full = os.path.join(directory, "ckpt"), os.path.join(directory, "full.pt")
+    results = run(_sharded_list_rank, plan, sharded, world_size=plan.save.world_size)
+    saved = results[0]["saved"]
+    for rank, out in enumerate(results):
+        where = f"rank {rank}, {plan.worlds}, {LIST_KEY} = [2 optimizers]"
+        check_refusal(
+            out["refused"],
+            ("RuntimeError",),
+            "CKPT-TRAINER-1",
+            f"{where}: loading 2 saved optimizer states into 1 optimizer",
+            words=("2", "1"),
+        )
+        assert_same_model(out["saved"]["model"], saved["model"], clause="CKPT-RT-2", where=where)
+        _check_loaded(out["loaded"], saved, "CKPT-RT-2", where)
+        assert out["returned"] == {}, f"CKPT-LOAD-2: {where}: returned {out['returned']!r}"
+
+    convert_offline(sharded, full)  # one process, no process group
+    content = torch.load(full, weights_only=True)
+    _check_converted(content, saved, f"the converted file, {plan.worlds}")
+    loaded = run(_full_list_rank, plan, full, world_size=plan.load.world_size)
+    for rank, out in enumerate(loaded):
+        where = f"rank {rank}, {plan.worlds}, the converted full file"
+        _check_loaded(out, saved, "CKPT-RT-4", where)

@@ -14,8 +14,9 @@ import torch
 
 __all__ = ["cuda_skip_reason", "cuda_world_max", "gpu_count", "session_cuda_skip_reason"]
 
-#: the CUDA checks are multi-rank: at least this many ranks (and GPUs)
-MIN_WORLD = 2
+#: the smallest world the CUDA checks run at: one GPU is enough (world size 1 on NCCL), so a
+#: single-GPU machine runs them too; machines with more GPUs draw larger worlds
+MIN_WORLD = 1
 
 
 def cuda_skip_reason(

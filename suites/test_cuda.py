@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from harness import run_on_ranks
 from suites._run import RankResult, run
-from suites.cuda_env import cuda_world_max, session_cuda_skip_reason
+from suites.cuda_env import MIN_WORLD, cuda_world_max, session_cuda_skip_reason
 from suites.cuda_jobs import device_rank, observed_train_rank, skip_rank
 from suites.oracles import assert_close_state, assert_parity, assert_same_on_ranks
 from suites.scenarios import scenarios, train_plans
@@ -52,8 +52,8 @@ def cuda_world() -> int:
 
 @st.composite
 def cuda_worlds(draw: st.DrawFn) -> int:
-    """A world size from 2 to the largest one with a GPU per rank (read at draw time)."""
-    return draw(st.integers(2, cuda_world_max()))
+    """A world size from 1 to the largest one with a GPU per rank (read at draw time)."""
+    return draw(st.integers(MIN_WORLD, cuda_world_max()))
 
 
 def with_precision(scenario: Scenario, precision: str) -> Scenario:

@@ -82,3 +82,14 @@ def test_session_with_gpus_uses_the_largest_gpu_world(monkeypatch: pytest.Monkey
     assert cuda_env.session_cuda_skip_reason(2) is None
     assert cuda_env.session_cuda_skip_reason(4) is not None
     assert cuda_env.cuda_world_max() == 3
+
+
+def test_one_gpu_runs_the_checks_at_world_size_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cuda_env, "gpu_count", lambda: 1)
+    backends = {1: "nccl"}  # auto: NCCL only where every rank has a GPU
+    monkeypatch.setattr(cuda_env, "_session_backend", lambda world: backends.get(world, "gloo"))
+    monkeypatch.setattr("harness.max_world_size", lambda: 4)
+    assert cuda_env.session_cuda_skip_reason() is None
+    assert cuda_env.cuda_world_max() == 1
+    reason = cuda_env.session_cuda_skip_reason(2)
+    assert reason is not None and "needs CUDA with 2 GPU(s)" in reason

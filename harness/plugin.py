@@ -3,12 +3,14 @@
 Loaded through the ``pytest11`` entry point ``shardcheck`` (or ``-p harness.plugin``).
 
 Options: ``--nproc N`` (largest world size), ``--backend auto|gloo|nccl``, ``--rank-timeout
-SECONDS`` (default job deadline), ``--strategy MODULE:CALLABLE`` (env ``SHARDCHECK_STRATEGY``)
-and ``--strategy-option KEY=VALUE`` (repeatable). Hypothesis profiles ``ci``, ``dev`` (the
-default) and ``nightly`` are registered when this module is imported, before Hypothesis'
-own ``--hypothesis-profile`` option loads one. Each rank's output of a job is attached to the
-test's report as sections ``rank N stdout``/``stderr``/``warnings``. Pools stop at the end
-of the session (also after Ctrl-C and ``-x``).
+SECONDS`` (default job deadline), ``--strategy MODULE:CALLABLE`` (env ``SHARDCHECK_STRATEGY``),
+``--strategy-option KEY=VALUE`` (repeatable) and ``--shared-dir DIR`` (where job files go;
+needed by attach mode across nodes). Under ``python -m harness.attach`` (torchrun) the plugin
+drives torchrun's ranks instead of starting its own (:mod:`harness.attach`). Hypothesis
+profiles ``ci``, ``dev`` (the default) and ``nightly`` are registered when this module is
+imported, before Hypothesis' own ``--hypothesis-profile`` option loads one. Each rank's output
+of a job is attached to the test's report as sections ``rank N stdout``/``stderr``/``warnings``.
+Pools stop at the end of the session (also after Ctrl-C and ``-x``).
 """
 
 from __future__ import annotations

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -121,6 +124,87 @@ def test_a_lost_rank_ends_the_run_with_a_report(tmp_path: Path) -> None:
     assert "test_never_runs" not in outcomes
     assert "THIS TEST MUST NOT RUN" not in proc.stdout
     assert "Interrupted: shardcheck attach mode: the run cannot go on" in proc.stdout
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a process and everything below it (a "node": its agent and its ranks)."""
+    children = subprocess.run(
+        ["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False
+    ).stdout.split()
+    for child in children:
+        _kill_tree(int(child))
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def test_a_dead_node_ends_a_two_node_run_with_a_report(tmp_path: Path) -> None:
+    """Two torchrun agents of 2 ranks each stand in for two nodes; node 1 is killed mid-job."""
+    marker, shared = tmp_path / "marker", tmp_path / "shared"
+    shared.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", ATTACH_ENV))}
+    env["SHARDCHECK_TEST_MARKER"] = str(marker)
+    endpoint = f"127.0.0.1:{_free_port()}"
+    junit = tmp_path / "junit.xml"
+    nodes, logs = [], []
+    for node in (0, 1):
+        command = [
+            *TORCHRUN[:-2],
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(node),
+            "--nproc-per-node",
+            "2",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            endpoint,
+            "--rdzv-id",
+            "dead-node",
+            "-m",
+            "harness.attach",
+            "--",
+            "pytest",
+            str(CASES / "attach_dead_node.py"),
+            "-p",
+            "no:cacheprovider",
+            f"--shared-dir={shared}",
+            f"--junitxml={junit}",
+        ]
+        logs.append(open(tmp_path / f"node{node}.log", "w"))  # closed below
+        nodes.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=logs[-1], stderr=logs[-1]))
+    try:
+        deadline = time.monotonic() + 180
+        while not marker.exists() and time.monotonic() < deadline:
+            assert nodes[0].poll() is None, (tmp_path / "node0.log").read_text()
+            time.sleep(0.2)
+        assert marker.exists(), (tmp_path / "node0.log").read_text()
+        _kill_tree(nodes[1].pid)
+        code = nodes[0].wait(timeout=120)
+    finally:
+        for proc in nodes:
+            if proc.poll() is None:
+                _kill_tree(proc.pid)
+        for log_file in logs:
+            log_file.close()
+    log = (tmp_path / "node0.log").read_text()
+    assert code != 0, log
+    outcomes = _outcomes(junit)
+    kind, message = outcomes["test_a_node_dies_during_a_job"]
+    assert kind == "failed", log
+    for rank in (2, 3):
+        assert f"rank {rank} crashed: no heartbeat" in message, message
+    assert "rank 0 ok" not in message  # ranks 0 and 1 were still in the job: hung, not ok
+    assert "test_never_runs" not in outcomes
+    assert "Interrupted: shardcheck attach mode: the run cannot go on" in log
 
 
 def test_attach_refuses_to_start_outside_torchrun() -> None:

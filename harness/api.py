@@ -242,31 +242,31 @@ def pool_for(world_size: int) -> RankPool | AttachedPool:
     """The session's pool for ``world_size`` (created, not started, on first use): a
     :class:`RankPool`, or in attach mode the :class:`~harness.attach.pool.AttachedPool`."""
     pool = _pools.get(world_size)
-    if pool is None and _config.attach is not None:
+    if pool is not None:
+        return pool
+    if _config.attach is not None:
         from harness.attach.pool import AttachedPool
 
-        local = _config.attach.local_world_size
-        backend = resolve_backend(_config.backend, local)
-        settings = PoolSettings(
-            world_size=world_size,
-            backend=backend,
-            pg_timeout=pg_timeout_for(_config.rank_timeout),
-            threads=_config.threads,
-            failure_grace=_config.failure_grace,
-        )
-        pool = _pools[world_size] = AttachedPool(_config.attach, settings)
-    if pool is None:
+        # one GPU per local rank of the torchrun node (the backend is the same on every node)
+        backend = resolve_backend(_config.backend, _config.attach.local_world_size)
+        pool = AttachedPool(_config.attach, _pool_settings(world_size, backend))
+    else:
         backend = resolve_backend(_config.backend, world_size)
-        settings = PoolSettings(
-            world_size=world_size,
-            backend=backend,
-            pg_timeout=pg_timeout_for(_config.rank_timeout),
-            threads=_config.threads,
-            failure_grace=_config.failure_grace,
-            preload=_preload(),
-        )
-        pool = _pools[world_size] = RankPool(settings, _session_root())
+        settings = _pool_settings(world_size, backend, preload=_preload())
+        pool = RankPool(settings, _session_root())
+    _pools[world_size] = pool
     return pool
+
+
+def _pool_settings(world_size: int, backend: str, **extra: Any) -> PoolSettings:
+    return PoolSettings(
+        world_size=world_size,
+        backend=backend,
+        pg_timeout=pg_timeout_for(_config.rank_timeout),
+        threads=_config.threads,
+        failure_grace=_config.failure_grace,
+        **extra,
+    )
 
 
 def _check_world_size(world_size: Any) -> int:

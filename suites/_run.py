@@ -19,11 +19,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from suites.models import build_model, make_batch
+from suites.models import Linear, build_model, make_batch
 from suites.oracles import gathered_grads, gathered_state
 from suites.specs import Scenario
 
-__all__ = ["RankResult", "Trained", "run", "setup", "train", "train_rank"]
+__all__ = [
+    "RankResult",
+    "Trained",
+    "compute_dtypes",
+    "optimizer_state_dtypes",
+    "run",
+    "setup",
+    "train",
+    "train_rank",
+]
 
 
 @dataclass
@@ -158,3 +167,32 @@ def run(fn: Callable[..., Any], *args: Any, world_size: int) -> list[Any]:
         if currently_in_test_context():
             reject()
         raise
+
+
+def compute_dtypes(t: Trained, scenario: Scenario) -> dict[str, str]:
+    """Run one micro-batch; the dtypes of the first ``Linear``'s weight and output in it."""
+    seen: dict[str, str] = {}
+
+    def record(module: nn.Module, args: Any, output: torch.Tensor) -> None:
+        seen.setdefault("weight", str(module.weight.dtype))
+        seen.setdefault("output", str(output.dtype))
+
+    linear = next(m for m in t.model.modules() if isinstance(m, Linear))
+    handle = linear.register_forward_hook(record)
+    try:
+        micro_step(t, scenario, 0, 0, t.strategy.distributed_sampler_kwargs["rank"])
+    finally:
+        handle.remove()
+    return seen
+
+
+def optimizer_state_dtypes(optimizer: Any) -> list[str]:
+    """The dtypes of the optimizer's floating-point state tensors (``step`` left out)."""
+    return sorted(
+        {
+            str(v.dtype)
+            for state in optimizer.state.values()
+            for k, v in state.items()
+            if k != "step" and isinstance(v, torch.Tensor) and v.is_floating_point()
+        }
+    )

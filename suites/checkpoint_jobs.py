@@ -11,6 +11,7 @@ files on disk changed.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -20,7 +21,7 @@ from torch import Tensor
 from suites._run import RankResult, Trained, setup, train
 from suites.checkpoint_checks import files_digest
 from suites.checkpoint_plans import CkptPlan, format_options, make_metadata, plain_metadata
-from suites.models import BlockSpec, ModelSpec, clean_name
+from suites.models import BlockSpec, ModelSpec, build_model, clean_name
 from suites.oracles import gathered_optim_state, gathered_state
 from suites.specs import FSDPConfig, MPConfig, OptimSpec, Scenario, TrainPlan
 
@@ -28,6 +29,7 @@ __all__ = [
     "ERROR_SPEC",
     "attempt",
     "build",
+    "build_with_two_optimizers",
     "copy_buffers",
     "error_scenario",
     "load_rank",
@@ -143,3 +145,29 @@ def attempt(fn: Any, watch: str) -> dict[str, Any]:
     after = files_digest(watch) if os.path.exists(watch) else {}
     record["unchanged"] = before == after
     return record
+
+
+def build_with_two_optimizers(
+    ctx: Any, scenario: Scenario, fmt: str = "full", empty_init: bool = False
+) -> tuple[Any, Any, list[Any]]:
+    """Strategy (checkpoint format ``fmt``), set-up model and two optimizers: the blocks with
+    the scenario's optimizer, the rest at half its learning rate (a trainer's layout).
+
+    Args:
+        ctx: the rank's context.
+        scenario: model, strategy configuration and optimizer.
+        fmt: ``full`` or ``sharded`` checkpoints.
+        empty_init: build the model under ``module_init_context(empty_init=True)``.
+    """
+    options = {**scenario.options(), **format_options(scenario.family, fmt)}
+    strategy = ctx.make_strategy(scenario.family, **options)
+    strategy.setup_environment()
+    with strategy.module_init_context(empty_init=empty_init):
+        model = build_model(scenario.model)
+    model = strategy.setup_module(model)
+    named = list(model.named_parameters())
+    trunk = [(n, p) for n, p in named if clean_name(n).startswith("blocks.")]
+    rest = [(n, p) for n, p in named if not clean_name(n).startswith("blocks.")]
+    half = dataclasses.replace(scenario.optim, lr=scenario.optim.lr / 2)
+    optimizers = [scenario.optim.build(trunk), half.build(rest)]
+    return strategy, model, [strategy.setup_optimizer(o) for o in optimizers]

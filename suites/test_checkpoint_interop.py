@@ -31,13 +31,19 @@ from suites.checkpoint_checks import (
     files_digest,
     standard_form,
 )
-from suites.checkpoint_jobs import build, load_rank, path_for, read_state, save_rank
+from suites.checkpoint_jobs import (
+    build,
+    build_with_two_optimizers,
+    load_rank,
+    path_for,
+    read_state,
+    save_rank,
+)
 from suites.checkpoint_plans import (
     CkptPlan,
     ReorderedOptim,
     ckpt_plans,
     examples,
-    format_options,
     plain_train,
 )
 from suites.models import build_model, clean_name
@@ -138,23 +144,6 @@ def _unit_aligned(plan: CkptPlan) -> CkptPlan:
     return dataclasses.replace(plan, save=align(plan.save), load=align(plan.load))
 
 
-def _two_optimizers(ctx: Any, scenario: Scenario) -> tuple[Any, Any, list[Any]]:
-    """Strategy, model and two optimizers (blocks / the rest) of ``scenario`` (full format)."""
-    strategy = ctx.make_strategy(
-        scenario.family, **scenario.options(), **format_options(scenario.family, "full")
-    )
-    strategy.setup_environment()
-    with strategy.module_init_context(empty_init=False):
-        model = build_model(scenario.model)
-    model = strategy.setup_module(model)
-    named = list(model.named_parameters())
-    trunk = [(n, p) for n, p in named if clean_name(n).startswith("blocks.")]
-    rest = [(n, p) for n, p in named if not clean_name(n).startswith("blocks.")]
-    half = dataclasses.replace(scenario.optim, lr=scenario.optim.lr / 2)
-    optimizers = [scenario.optim.build(trunk), half.build(rest)]
-    return strategy, model, [strategy.setup_optimizer(o) for o in optimizers]
-
-
 def _read_all(model: Any, optimizers: list[Any]) -> dict[str, Any]:
     return {
         "model": gathered_state(model),
@@ -165,7 +154,7 @@ def _read_all(model: Any, optimizers: list[Any]) -> dict[str, Any]:
 def _trainer_save_rank(ctx: Any, scenario: Scenario, path: str) -> dict[str, Any]:
     from suites.models import make_batch
 
-    strategy, model, optimizers = _two_optimizers(ctx, scenario)
+    strategy, model, optimizers = build_with_two_optimizers(ctx, scenario)
     dp_rank, plan = strategy.distributed_sampler_kwargs["rank"], scenario.plan
     for step in range(plan.steps):
         x, y = make_batch(scenario.model, plan.data_seed, step, 0, dp_rank, plan.batch_size)
@@ -183,7 +172,7 @@ def _trainer_save_rank(ctx: Any, scenario: Scenario, path: str) -> dict[str, Any
 
 
 def _trainer_load_rank(ctx: Any, scenario: Scenario, path: str) -> dict[str, Any]:
-    strategy, model, optimizers = _two_optimizers(ctx, scenario)
+    strategy, model, optimizers = build_with_two_optimizers(ctx, scenario)
     before = files_digest(path)
     try:
         strategy.load_checkpoint(path, {"state_dict": model, "optimizer_states": optimizers[:1]})

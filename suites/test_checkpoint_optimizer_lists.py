@@ -33,9 +33,9 @@ from suites.checkpoint_checks import (
     standard_form,
     tree_diff,
 )
-from suites.checkpoint_jobs import attempt
-from suites.checkpoint_plans import CkptPlan, ckpt_plans, examples, format_options
-from suites.models import build_model, clean_name, make_batch
+from suites.checkpoint_jobs import attempt, build_with_two_optimizers
+from suites.checkpoint_plans import CkptPlan, ckpt_plans, examples
+from suites.models import make_batch
 from suites.oracles import gathered_optim_state, gathered_state
 from suites.specs import FSDPConfig, Scenario, WrapSpec
 
@@ -65,22 +65,6 @@ def _unit_aligned(plan: CkptPlan) -> CkptPlan:
     return dataclasses.replace(plan, save=align(plan.save), load=align(plan.load))
 
 
-def _two_optimizers(ctx: Any, scenario: Scenario, fmt: str) -> tuple[Any, Any, list[Any]]:
-    """Strategy (format ``fmt``), set-up model and two optimizers: blocks / the rest."""
-    options = {**scenario.options(), **format_options(scenario.family, fmt)}
-    strategy = ctx.make_strategy(scenario.family, **options)
-    strategy.setup_environment()
-    with strategy.module_init_context(empty_init=scenario.empty_init):
-        model = build_model(scenario.model)
-    model = strategy.setup_module(model)
-    named = list(model.named_parameters())
-    trunk = [(n, p) for n, p in named if clean_name(n).startswith("blocks.")]
-    rest = [(n, p) for n, p in named if not clean_name(n).startswith("blocks.")]
-    half = dataclasses.replace(scenario.optim, lr=scenario.optim.lr / 2)
-    optimizers = [scenario.optim.build(trunk), half.build(rest)]
-    return strategy, model, [strategy.setup_optimizer(o) for o in optimizers]
-
-
 def _train(strategy: Any, model: Any, optimizers: list[Any], scenario: Scenario) -> None:
     """``scenario.plan.steps`` steps, one micro-batch each, every optimizer stepping."""
     dp_rank, plan = strategy.distributed_sampler_kwargs["rank"], scenario.plan
@@ -104,12 +88,16 @@ def _read_all(model: Any, optimizers: list[Any]) -> dict[str, Any]:
 
 def _sharded_list_rank(ctx: Any, plan: CkptPlan, path: str) -> dict[str, Any]:
     """Train and save a list of two optimizers sharded; load it back, one too few first."""
-    strategy, model, optimizers = _two_optimizers(ctx, plan.save, "sharded")
+    strategy, model, optimizers = build_with_two_optimizers(
+        ctx, plan.save, "sharded", plan.save.empty_init
+    )
     _train(strategy, model, optimizers, plan.save)
     strategy.save_checkpoint(path, {"model": model, LIST_KEY: optimizers, "epoch": 2})
     saved = _read_all(model, optimizers)  # after the save, like the other round trips
 
-    fresh, f_model, f_optims = _two_optimizers(ctx, plan.load, "sharded")
+    fresh, f_model, f_optims = build_with_two_optimizers(
+        ctx, plan.load, "sharded", plan.load.empty_init
+    )
     refused = attempt(
         lambda: fresh.load_checkpoint(path, {"model": f_model, LIST_KEY: f_optims[:1]}), path
     )
@@ -128,7 +116,9 @@ def _sharded_list_rank(ctx: Any, plan: CkptPlan, path: str) -> dict[str, Any]:
 
 def _full_list_rank(ctx: Any, plan: CkptPlan, path: str) -> dict[str, Any]:
     """Load the converted full file into fresh objects with two optimizers."""
-    strategy, model, optimizers = _two_optimizers(ctx, plan.load, "full")
+    strategy, model, optimizers = build_with_two_optimizers(
+        ctx, plan.load, "full", plan.load.empty_init
+    )
     state: dict[str, Any] = {"model": model, LIST_KEY: optimizers, "epoch": 0}
     strategy.load_checkpoint(path, state)
     out = {**_read_all(model, optimizers), "epoch": state["epoch"]}

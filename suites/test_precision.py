@@ -10,10 +10,9 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from torch import nn
 
-from suites._run import micro_step, run, setup, train_rank
-from suites.models import Linear, Scale, clean_name
+from suites._run import compute_dtypes, micro_step, optimizer_state_dtypes, run, setup, train_rank
+from suites.models import Scale, clean_name
 from suites.oracles import (
     assert_close,
     assert_close_state,
@@ -52,28 +51,11 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 def _dtype_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
     t = setup(ctx, scenario)
-    seen: dict[str, str] = {}
-
-    def record(module: nn.Module, args: Any, output: torch.Tensor) -> None:
-        seen.setdefault("weight", str(module.weight.dtype))
-        seen.setdefault("output", str(output.dtype))
-
-    linear = next(m for m in t.model.modules() if isinstance(m, Linear))
-    handle = linear.register_forward_hook(record)
-    micro_step(t, scenario, 0, 0, t.strategy.distributed_sampler_kwargs["rank"])
-    handle.remove()
-    out: dict[str, Any] = {"compute": seen}
+    out: dict[str, Any] = {"compute": compute_dtypes(t, scenario)}
     out["grads"] = sorted({str(p.grad.dtype) for p in t.model.parameters() if p.grad is not None})
     t.strategy.optimizer_step(t.optimizer)
     out["params"] = sorted({str(p.dtype) for p in t.model.parameters()})
-    out["optim"] = sorted(
-        {
-            str(v.dtype)
-            for state in t.optimizer.state.values()
-            for k, v in state.items()
-            if k != "step" and isinstance(v, torch.Tensor) and v.is_floating_point()
-        }
-    )
+    out["optim"] = optimizer_state_dtypes(t.optimizer)
     reduce = set()
     for module in t.model.modules():
         policy = getattr(module, "mixed_precision", None)  # FSDP1 units

@@ -18,11 +18,10 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from torch import nn
 
-from suites._run import Trained, micro_step, run, train_rank
+from suites._run import Trained, compute_dtypes, optimizer_state_dtypes, run, train_rank
 from suites.checkpoint_plans import examples
-from suites.models import Linear, build_model
+from suites.models import build_model
 from suites.oracles import assert_parity
 from suites.scenarios import scenarios, train_plans
 from suites.specs import Scenario
@@ -68,27 +67,10 @@ def _dtype_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
     optimizer = strategy.setup_optimizer(scenario.optim.build(model.named_parameters()))
     t = Trained(strategy, model, optimizer)
     out["setup"] = sorted({str(p.dtype) for p in t.model.parameters()})
-    seen: dict[str, str] = {}
-
-    def record(module: nn.Module, args: Any, output: torch.Tensor) -> None:
-        seen.setdefault("weight", str(module.weight.dtype))
-        seen.setdefault("output", str(output.dtype))
-
-    linear = next(m for m in t.model.modules() if isinstance(m, Linear))
-    handle = linear.register_forward_hook(record)
-    micro_step(t, scenario, 0, 0, t.strategy.distributed_sampler_kwargs["rank"])
-    handle.remove()
-    out["compute"] = seen
+    out["compute"] = compute_dtypes(t, scenario)
     out["grads"] = sorted({str(p.grad.dtype) for p in t.model.parameters() if p.grad is not None})
     t.strategy.optimizer_step(t.optimizer)
-    out["optim"] = sorted(
-        {
-            str(v.dtype)
-            for state in t.optimizer.state.values()
-            for k, v in state.items()
-            if k != "step" and isinstance(v, torch.Tensor) and v.is_floating_point()
-        }
-    )
+    out["optim"] = optimizer_state_dtypes(t.optimizer)
     out["stepped"] = sorted({str(p.dtype) for p in t.model.parameters()})
     t.strategy.teardown()
     return out

@@ -38,6 +38,10 @@ from reference_impl.fsdp_options import (
     resolve_fsdp_kwargs,
     resolve_sharding_strategy,
 )
+from reference_impl.fsdp_workarounds import (
+    allow_low_precision_shared_grads,
+    reregister_frozen_views,
+)
 from reference_impl.meta_init import MetaMaterializer, has_meta_tensors
 from reference_impl.policies import (
     apply_activation_checkpointing,
@@ -196,9 +200,10 @@ class FSDPStrategy(ShardedStrategyBase):
         else:
             wrapped = self._wrap(module, policy=self.auto_wrap_policy)
             self._keep_buffer_dtypes(wrapped, stored)
+        allow_low_precision_shared_grads(wrapped)
         if checkpointed:
             apply_activation_checkpointing(wrapped, checkpointed)
-        wrapped.register_state_dict_pre_hook(lambda root, *_: _reregister_frozen_views(root))
+        wrapped.register_state_dict_pre_hook(lambda root, *_: reregister_frozen_views(root))
         self._modules.append(wrapped)
         return wrapped
 
@@ -207,7 +212,7 @@ class FSDPStrategy(ShardedStrategyBase):
         """Backward through the precision plugin, then repair frozen NO_SHARD units."""
         super().backward(tensor, module, *args, **kwargs)
         for root in self._modules:
-            _reregister_frozen_views(root)
+            reregister_frozen_views(root)
 
     def _keep_buffer_dtypes(self, wrapped: FSDP, stored: dict[str, torch.dtype]) -> None:
         """PREC-4: state dicts hold buffers at their stored dtype, not the compute dtype.
@@ -363,29 +368,6 @@ class FSDPStrategy(ShardedStrategyBase):
         if isinstance(self._mesh_option, tuple) or self._mesh_option is None:
             self.device_mesh = None
         super().teardown()
-
-
-def _reregister_frozen_views(root: nn.Module) -> None:
-    """Register the parameters of frozen, unsharded FSDP units again after a backward.
-
-    [Note: frozen NO_SHARD units] With ``use_orig_params=True`` FSDP1 exposes a unit's
-    original parameters as plain tensor views during forward and registers them as
-    parameters again in its post-backward hook. That hook never fires for a unit whose
-    parameters are all frozen, and for an unsharded unit (NO_SHARD) nothing else restores
-    them: after one training step the frozen parameters vanish from ``named_parameters()``
-    and the full state dict fails with "FSDP assumes <name> is in the state_dict" (torch
-    2.13, measured). Switching such a handle back to its (unsharded) sharded views restores
-    them; the views alias the same storage, so no value changes.
-    """
-    for unit in FSDP.fsdp_modules(root):
-        handle = getattr(unit, "_handle", None)
-        if (
-            handle is not None
-            and handle._use_orig_params
-            and not handle.uses_sharded_strategy
-            and not handle.flat_param.requires_grad
-        ):
-            handle._use_sharded_views()
 
 
 def _clean_name(name: str) -> str:

@@ -10,7 +10,15 @@ from __future__ import annotations
 from suites.models import BlockSpec, ModelSpec
 from suites.specs import ACSpec, FSDPConfig, MPConfig, OptimSpec, Scenario, TrainPlan, WrapSpec
 
-__all__ = ["AC_BLOCKS", "CLIP_FSDP2", "CLIP_NO_SHARD", "INIT_FSDP2", "INIT_NESTED", "SYNC_NESTED"]
+__all__ = [
+    "AC_BLOCKS",
+    "CLIP_FSDP2",
+    "CLIP_NO_SHARD",
+    "INIT_FSDP2",
+    "INIT_NESTED",
+    "SYNC_NESTED",
+    "SYNC_TIED_MIXED",
+]
 
 _MODEL = ModelSpec(
     hidden=5,
@@ -35,6 +43,24 @@ INIT_FSDP2 = Scenario(
 #: accumulation under no_backward_sync on nested units
 SYNC_NESTED = Scenario(
     2, _MODEL, FSDPConfig("FULL_SHARD", _NESTED), OptimSpec("sgd"), TrainPlan(1, micro_batches=2)
+)
+#: accumulation on a NO_SHARD unit with a tied (shared) parameter under bf16-mixed: torch's
+#: FSDP1 assigned the low-precision accumulated gradient to the shared float32 parameter in
+#: the next forward and failed ("gradient with dtype BFloat16 ... grad_dtype Float")
+SYNC_TIED_MIXED = Scenario(
+    2,
+    ModelSpec(
+        hidden=6,
+        blocks=(BlockSpec(ffn=2), BlockSpec(ffn=1)),
+        vocab=6,
+        out=6,
+        tied=True,
+        frozen=tuple(f"blocks.{i}.fc{j}.weight" for i in (0, 1) for j in (1, 2)),
+        seed=853,
+    ),
+    FSDPConfig("NO_SHARD", WrapSpec("custom_policy", ("Block",)), precision="bf16-mixed"),
+    OptimSpec("adam", lr=0.01),
+    TrainPlan(steps=2, micro_batches=2, batch_size=3, data_seed=7408),
 )
 #: activation checkpointing on nested wrap units (applied twice: wrappers inside wrappers)
 AC_BLOCKS = Scenario(

@@ -29,7 +29,14 @@ from suites.oracles import (
     reference_run,
 )
 from suites.parallelize import parallelize_zoo
-from suites.regressions import CLIP_FSDP2, CLIP_NO_SHARD, INIT_FSDP2, INIT_NESTED, SYNC_NESTED
+from suites.regressions import (
+    CLIP_FSDP2,
+    CLIP_NO_SHARD,
+    INIT_FSDP2,
+    INIT_NESTED,
+    SYNC_NESTED,
+    SYNC_TIED_MIXED,
+)
 from suites.scenarios import SHARDING_STRATEGIES, scenarios, train_plans
 from suites.specs import FSDPConfig, Scenario, TrainPlan
 from suites.tolerances import EXACT, tolerance
@@ -185,6 +192,7 @@ def test_no_backward_sync_skips_reduction_and_restores_it(scenario: Scenario) ->
 
 @pytest.mark.clause("SYNC-1")
 @given(scenarios("fsdp", plan=train_plans(min_micro=2, max_micro=3)))
+@example(SYNC_TIED_MIXED)
 def test_accumulating_micro_batches_equals_one_big_batch(scenario: Scenario) -> None:
     results = run(train_rank, scenario, world_size=scenario.world_size)
     assert_parity(results, scenario)

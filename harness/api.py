@@ -45,6 +45,7 @@ __all__ = [
     "run_on_ranks",
     "set_output_sink",
     "shutdown",
+    "take_unavailable_reason",
     "unavailable_reason",
     "warm_up",
     "world_sizes",
@@ -98,6 +99,7 @@ _pools: dict[int, RankPool | AttachedPool] = {}
 _root: str | None = None
 _job_ids = itertools.count(1)
 _sink: OutputSink | None = None
+_unavailable: str | None = None  # why the last job was refused for its world size
 
 
 def configure(**changes: Any) -> HarnessConfig:
@@ -275,9 +277,7 @@ def _check_world_size(world_size: Any) -> int:
     if world_size < 1:
         raise ValueError(f"run_on_ranks(world_size={world_size}): must be at least 1.")
     if _config.attach is not None and world_size != _config.attach.world_size:
-        import pytest
-
-        raise pytest.skip.Exception(unavailable_reason(world_size))
+        _refuse_unavailable(world_size)
     if world_size > _config.nproc:
         raise ValueError(
             f"run_on_ranks(world_size={world_size}) is larger than --nproc={_config.nproc}, "
@@ -285,6 +285,32 @@ def _check_world_size(world_size: Any) -> int:
             "mark the test @pytest.mark.world_size(...) so it is skipped."
         )
     return world_size
+
+
+def _refuse_unavailable(world_size: int) -> None:
+    """A job at a world size this attach-mode run does not have: ``environment``.
+
+    Inside a Hypothesis test only this example is dropped (``reject``): an explicit
+    ``@example`` at another size must not cost the generated examples that fit. When no
+    example fits, the plugin turns Hypothesis' ``Unsatisfiable`` into the skip.
+    """
+    global _unavailable
+    import pytest
+
+    reason = unavailable_reason(world_size)
+    assert reason is not None
+    _unavailable = reason
+    hypothesis = sys.modules.get("hypothesis")
+    if hypothesis is not None and hypothesis.currently_in_test_context():
+        hypothesis.reject()
+    raise pytest.skip.Exception(reason)
+
+
+def take_unavailable_reason() -> str | None:
+    """The reason of the last job refused for its world size (then forgotten), if any."""
+    global _unavailable
+    reason, _unavailable = _unavailable, None
+    return reason
 
 
 def _check_timeout(timeout: Any) -> float:

@@ -268,6 +268,20 @@ def pytest_shardcheck_call_output(item: pytest.Item) -> Generator[None, Any, Any
     return (yield from _with_sink(item, "call"))
 
 
+@pytest.hookimpl(wrapper=True, specname="pytest_runtest_call")
+def pytest_shardcheck_unsatisfiable(item: pytest.Item) -> Generator[None, Any, Any]:
+    """Attach mode: a Hypothesis test none of whose examples fits the run's one world size
+    is ``environment`` (each such example was rejected), not an error."""
+    api.take_unavailable_reason()
+    try:
+        return (yield)
+    except Exception as exc:
+        reason = api.take_unavailable_reason()
+        if reason is not None and type(exc).__name__ == "Unsatisfiable":
+            pytest.skip(reason)
+        raise
+
+
 def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
     """In attach mode, end the session once a rank is gone (nothing can run any more)."""
     lost = api.lost_reason()

@@ -60,6 +60,7 @@ __all__ = [
     "JobRunner",
     "WorkerSpec",
     "join_process_group",
+    "launcher_environ",
     "pg_timeout_for",
     "report_error",
     "warm_up_rank",
@@ -152,6 +153,7 @@ class _Rank:
     def __init__(self, spec: WorkerSpec, conn: Connection, capture: OutputCapture) -> None:
         self.spec = spec
         self.conn = conn
+        os.environ.update(launcher_environ(spec.rank, spec.world_size))
         torch.set_num_threads(spec.threads)
         install_rewriting(spec.rewrite)
         device = _device(spec)
@@ -182,6 +184,18 @@ class _Rank:
         self.runner.capture.flush()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def launcher_environ(rank: int, world_size: int) -> dict[str, str]:
+    """The variables torchrun gives a rank of a one-node run, for strategies that read them
+    (``LOCAL_RANK`` picks the CUDA device; ``CUDA_VISIBLE_DEVICES`` is inherited as it is)."""
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "GROUP_RANK": "0",
+    }
 
 
 def join_process_group(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import pickle
 import time
+from datetime import timedelta
 
 import torch.distributed as dist
 
@@ -48,7 +49,7 @@ from harness.worker import pg_timeout_for
 __all__ = ["AttachLost", "AttachedPool"]
 
 RANK_ENV_PREFIXES = ("SHARDCHECK_RANK_",)  # controller settings the ranks must see
-BUSY_POLL = 0.005  # longest sleep between two looks for replies
+WAIT_SLICE = 0.25  # longest wait for replies before looking at failures and heartbeats
 STORE_ERRORS = (dist.DistError, ConnectionError)
 
 
@@ -183,16 +184,14 @@ class AttachedPool:
         n = self.world_size
         outcomes: list[Outcome | None] = [None] * n
         cutoff, why = deadline, f"still running at the deadline ({deadline - began:.1f} s)"
-        pause, next_beat_check = 0.0001, time.monotonic() + 0.5
+        next_beat_check = time.monotonic() + 0.5
         while None in outcomes and time.monotonic() < cutoff:
             pending = [r for r in range(n) if outcomes[r] is None]
-            ready = (
-                pending
-                if self.store.check([key("reply", seq, r) for r in pending])
-                else [r for r in pending if self.store.check([key("reply", seq, r)])]
-            )
-            for rank in ready:
-                outcome = self._receive(seq, rank, kinds, began)
+            if self._all_arrived([key("reply", seq, r) for r in pending], cutoff):
+                ready = pending
+            else:
+                ready = [r for r in pending if self.store.check([key("reply", seq, r)])]
+            for rank, outcome in zip(ready, self._receive(seq, ready, kinds, began), strict=True):
                 outcomes[rank] = outcome
                 if not outcome.ok and grace is not None and cutoff == deadline:
                     cutoff = min(deadline, time.monotonic() + grace)
@@ -202,7 +201,6 @@ class AttachedPool:
                             "(the job had already failed)"
                         )
             if ready:
-                pause = 0.0001
                 continue
             if time.monotonic() >= next_beat_check:
                 next_beat_check = time.monotonic() + 0.5
@@ -220,8 +218,6 @@ class AttachedPool:
                 if silent and grace is not None and cutoff == deadline:
                     cutoff = min(deadline, time.monotonic() + grace)
                     why = f"still running {grace:.1f} s after rank {min(silent)} went silent"
-            time.sleep(pause)
-            pause = min(pause * 2, BUSY_POLL)
         elapsed = time.monotonic() - began
         hung = [r for r in range(n) if outcomes[r] is None]
         if hung:
@@ -239,13 +235,31 @@ class AttachedPool:
                 )
         return [o for o in outcomes if o is not None]
 
-    def _receive(self, seq: int, rank: int, kinds: tuple[str, ...], began: float) -> Outcome:
-        reply_key = key("reply", seq, rank)
-        event, stdout, stderr = pickle.loads(self.store.get(reply_key))
-        self.store.delete_key(reply_key)
-        outcome = self._outcome(event, kinds, began)
-        outcome.stdout, outcome.stderr = stdout, stderr
-        return outcome
+    def _all_arrived(self, keys: list[str], cutoff: float) -> bool:
+        """Wait (``WAIT_SLICE`` at most, not past ``cutoff``) until every key is set."""
+        limit = max(0.001, min(WAIT_SLICE, cutoff - time.monotonic()))
+        try:  # the store answers as soon as the keys are set; a timed-out wait is harmless
+            self.store.wait(keys, timedelta(seconds=limit))
+        except dist.DistStoreError:
+            return False
+        return True
+
+    def _receive(
+        self, seq: int, ranks: list[int], kinds: tuple[str, ...], began: float
+    ) -> list[Outcome]:
+        """The outcomes of ``ranks``, whose replies to ``seq`` have arrived (then dropped)."""
+        if not ranks:
+            return []
+        keys = [key("reply", seq, rank) for rank in ranks]
+        outcomes = []
+        for data in self.store.multi_get(keys):
+            event, stdout, stderr = pickle.loads(data)
+            outcome = self._outcome(event, kinds, began)
+            outcome.stdout, outcome.stderr = stdout, stderr
+            outcomes.append(outcome)
+        for reply_key in keys:
+            self.store.delete_key(reply_key)
+        return outcomes
 
     @staticmethod
     def _outcome(event: Event, kinds: tuple[str, ...], began: float) -> Outcome:

@@ -19,6 +19,7 @@ import signal
 import tempfile
 import threading
 import time
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -34,7 +35,7 @@ from harness.worker import JobRunner, join_process_group, report_error, warm_up_
 __all__ = ["AttachedRank", "JobAborted"]
 
 ABORT_SIGNAL = signal.SIGUSR2
-IDLE_POLL = 0.005  # longest sleep between two looks for the next command
+IDLE_WAIT = timedelta(seconds=0.5)  # between two looks whether the controller has exited
 
 
 class JobAborted(Exception):
@@ -94,15 +95,15 @@ class AttachedRank:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _next(self, seq: int) -> Command | None:
+        """Command ``seq``, or ``None`` once the controller has exited."""
         wanted = key("cmd", seq)
-        pause, last_look = 0.0001, time.monotonic()
-        while not self.store.check([wanted]):
-            if time.monotonic() - last_look > 0.5:
-                last_look = time.monotonic()
+        while True:
+            try:  # the store answers as soon as the key is set (a timed-out wait is harmless)
+                self.store.wait([wanted], IDLE_WAIT)
+                break
+            except dist.DistStoreError:
                 if self.store.check(["controller"]):
                     return None
-            time.sleep(pause)
-            pause = min(pause * 2, IDLE_POLL)
         command: Command = decode(self.store.get(wanted))
         return command
 

@@ -80,10 +80,13 @@ def test_attach_mode_reports_raising_and_hanging_ranks_and_heals(tmp_path: Path)
         "test_a_hanging_rank_is_attributed_with_its_stack",
         "test_the_pool_healed_after_the_hang",
         "test_run_on_ranks_at_another_size_skips_as_environment",
+        "test_an_explicit_example_at_another_size_is_dropped",
     ]
     for name in passed:
         assert outcomes.get(name) == ("passed", ""), (name, _explain(proc))
-    assert len(outcomes) == len(passed) + 1, sorted(outcomes)
+    assert len(outcomes) == len(passed) + 2, sorted(outcomes)
+    kind, message = outcomes["test_no_example_fits_is_environment"]
+    assert kind == "skipped" and "environment: needs world size" in message, message
     kind, message = outcomes["test_another_world_size_is_environment[ws2]"]
     assert kind == "skipped" and "environment: needs world size 2" in message, message
     assert "attach=torchrun(1 node(s) x 4)" in proc.stdout

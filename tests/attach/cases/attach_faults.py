@@ -1,8 +1,9 @@
 """Run under attach mode by tests/attach/test_attach_mode.py (not collected on its own).
 
 Every test asserts on each of torchrun's four ranks: a job whose ranks all answer, one where
-rank 2 raises, one where rank 1 hangs (the pool heals: the next job passes on all ranks), and
-a check at world size 2 that attach mode reports as ``environment``.
+rank 2 raises, one where rank 1 hangs (the pool heals: the next job passes on all ranks),
+checks at other world sizes that attach mode reports as ``environment``, and Hypothesis tests
+whose examples at another world size are dropped one by one.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from harness import RankFailure, run_on_ranks
 
@@ -84,3 +87,18 @@ def test_another_world_size_is_environment(world_size: int) -> None:
 def test_run_on_ranks_at_another_size_skips_as_environment() -> None:
     with pytest.raises(pytest.skip.Exception, match="environment: needs world size 3"):
         run_on_ranks(_sum_ranks, world_size=3)
+
+
+@given(st.just(4))
+@example(2)
+@settings(max_examples=2, database=None)
+def test_an_explicit_example_at_another_size_is_dropped(world_size: int) -> None:
+    results = run_on_ranks(_sum_ranks, world_size=world_size)  # the example at 2 stops here
+    assert world_size == 4
+    assert [r[:3] for r in results] == [(rank, 4, 6.0) for rank in range(4)]
+
+
+@given(st.sampled_from([2, 3]))
+@settings(max_examples=3, database=None)
+def test_no_example_fits_is_environment(world_size: int) -> None:
+    run_on_ranks(_sum_ranks, world_size=world_size)

@@ -1,4 +1,5 @@
-"""NCCL ranks are set up so a hung collective raises inside the job (checked without a GPU)."""
+"""What a rank's environment holds: torchrun's variables, and NCCL settings that make a hung
+collective raise inside the job (checked without a GPU)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from harness import worker
+from harness import run_on_ranks, worker
 
 
 def test_nccl_ranks_raise_on_timeout_instead_of_tearing_down(
@@ -40,3 +41,19 @@ def test_gloo_ranks_leave_the_nccl_settings_alone(monkeypatch: pytest.MonkeyPatc
     worker.join_process_group("gloo", object(), 0, 2, 5.0, torch.device("cpu"))
     assert "device_id" not in seen
     assert "TORCH_NCCL_BLOCKING_WAIT" not in os.environ
+
+
+def _launcher_variables(ctx: Any) -> dict[str, str | None]:
+    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+    return {name: os.environ.get(name) for name in names}
+
+
+def test_local_ranks_see_torchruns_variables() -> None:
+    for rank, seen in enumerate(run_on_ranks(_launcher_variables, world_size=2)):
+        assert seen == {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "2",
+            "GROUP_RANK": "0",
+        }, f"rank {rank}"

@@ -220,6 +220,8 @@ class AttachedPool:
                     why = f"still running {grace:.1f} s after rank {min(silent)} went silent"
         elapsed = time.monotonic() - began
         hung = [r for r in range(n) if outcomes[r] is None]
+        if not hung:
+            self.store.delete_key(key("cmd", seq))  # every rank has answered it
         if hung:
             dumps = self._stacks(seq, hung)
             for rank in hung:

@@ -57,7 +57,7 @@ def cuda_skip_reason(
     if gpus >= world_size:
         fix = "run with --backend nccl (or auto)"
     else:
-        fix = f"run on a machine with at least {world_size} GPUs"
+        fix = f"run on a machine with at least {world_size} GPU(s)"
     return (
         f"environment: needs CUDA with {world_size} GPU(s) (one per rank) and the nccl "
         f"backend; this machine has {gpus} GPU(s), backend {backend}; {fix}"

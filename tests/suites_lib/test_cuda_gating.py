@@ -22,7 +22,7 @@ def test_no_gpu_names_what_is_missing_and_what_is_there() -> None:
     reason = cuda_skip_reason(0, "gloo", 2)
     assert reason == (
         "environment: needs CUDA with 2 GPU(s) (one per rank) and the nccl backend; this "
-        "machine has 0 GPU(s), backend gloo; run on a machine with at least 2 GPUs"
+        "machine has 0 GPU(s), backend gloo; run on a machine with at least 2 GPU(s)"
     )
 
 
@@ -32,7 +32,7 @@ def test_too_few_gpus(gpus: int, world_size: int) -> None:
     assert reason is not None and reason.startswith("environment: ")
     assert f"needs CUDA with {world_size} GPU(s) (one per rank)" in reason
     assert f"this machine has {gpus} GPU(s), backend nccl" in reason
-    assert f"at least {world_size} GPUs" in reason
+    assert f"at least {world_size} GPU(s)" in reason
 
 
 def test_enough_gpus_but_gloo_asks_for_nccl() -> None:

@@ -80,7 +80,10 @@ class AttachedRank:
                 if command is None or command.kind == STOP:
                     break
                 self.seq = seq
-                reply = self._handle(seq, command)
+                try:
+                    reply = self._handle(seq, command)
+                except JobAborted as exc:  # the abort landed just as the job ended
+                    reply = Event(ERROR, command.job_id, self.rank, report_error(exc, 0.0, ""))
                 self.capture.flush()
                 output = (_read(self._path("stdout")), _read(self._path("stderr")))
                 self.store.set(key("reply", seq, self.rank), pickle.dumps((reply, *output)))
@@ -130,7 +133,8 @@ class AttachedRank:
             os.environ.update(start.environ)
             rank_coverage.start_from_env(self.rank)  # no-op unless --rank-coverage
             torch.set_num_threads(start.threads)
-            install_rewriting(start.rewrite)
+            if start.generation == 1:
+                install_rewriting(start.rewrite)
             device = _device(start.backend, self.local_rank)
             pg_store = dist.PrefixStore(key("pg", start.generation), self.store)
             join_process_group(

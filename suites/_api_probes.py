@@ -24,6 +24,7 @@ from harness import Unsupported, max_world_size
 from suites._run import RankResult, Trained, setup, train
 from suites.models import BlockSpec, ModelSpec, build_model, iter_param_owners, make_batch
 from suites.oracles import gathered_grads, gathered_state
+from suites.scenarios import job_world
 from suites.specs import FSDPConfig, MPConfig, OptimSpec, Scenario, TrainPlan, WrapSpec
 
 __all__ = [
@@ -53,8 +54,9 @@ LR = 0.1
 
 
 def world_of(family: str) -> int:
-    """The world size of ``family``'s job (model_parallel: dp=2 x tp=2 when --nproc allows)."""
-    return 2 if family == "fsdp" else min(4, max_world_size())
+    """The world size of ``family``'s job: fsdp 2 (in attach mode torchrun's, if larger);
+    model_parallel dp=2 x tp=2 when the session allows 4 ranks, else dp=2 x tp=1."""
+    return job_world(2) if family == "fsdp" else min(4, max_world_size())
 
 
 def scenario_of(

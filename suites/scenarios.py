@@ -32,6 +32,7 @@ __all__ = [
     "ac_specs",
     "available_world_sizes",
     "fsdp_configs",
+    "job_world",
     "max_world_size",
     "meshes",
     "model_specs",
@@ -72,6 +73,32 @@ def available_world_sizes() -> list[int]:
     except ImportError:
         return list(range(1, max_world_size() + 1))
     return list(harness_sizes())
+
+
+def job_world(preferred: int = 2) -> int:
+    """The world size of a check that holds at any world size from ``preferred`` up.
+
+    ``preferred`` when the session can run it (always in local mode with ``--nproc`` at
+    least ``preferred``, so local runs stay exactly as they were); else the smallest world
+    size the session has above ``preferred`` (attach mode: torchrun's); else ``preferred``,
+    which the harness then reports as ``environment`` with the reason.
+
+    Args:
+        preferred: the world size the check was written for (at least 1).
+
+    Raises:
+        ValueError: ``preferred`` is below 1.
+    """
+    if preferred < 1:
+        raise ValueError(
+            f"job_world(preferred={preferred}): a world size must be at least 1; pass the "
+            "number of ranks the check was written for."
+        )
+    sizes = available_world_sizes()
+    if preferred in sizes:
+        return preferred
+    larger = [s for s in sizes if s > preferred]
+    return min(larger) if larger else preferred
 
 
 @st.composite

@@ -27,12 +27,13 @@ from suites.checkpoint_jobs import (
     train_plan,
 )
 from suites.models import build_model
+from suites.scenarios import job_world
 
 FAMILIES = ["fsdp", "model_parallel"]
 
 
 def _save_contract_rank(ctx: Any, family: str, directory: str) -> dict[str, Any]:
-    t = build(ctx, error_scenario(family), "sharded")
+    t = build(ctx, error_scenario(family, ctx.world_size), "sharded")
     other = t.strategy.setup_module(build_model(ERROR_SPEC))
     path = os.path.join(directory, "never")
     save = t.strategy.save_checkpoint
@@ -51,7 +52,9 @@ def _save_contract_rank(ctx: Any, family: str, directory: str) -> dict[str, Any]
 @pytest.mark.clause("CKPT-SAVE-1")
 @pytest.mark.parametrize("family", FAMILIES)
 def test_save_needs_exactly_one_sharded_model(family: str, tmp_path: Path) -> None:
-    for rank, out in enumerate(run(_save_contract_rank, family, str(tmp_path), world_size=2)):
+    for rank, out in enumerate(
+        run(_save_contract_rank, family, str(tmp_path), world_size=job_world())
+    ):
         what = f"rank {rank} ({family})"
         check_refusal(
             out["none"], ("ValueError",), "CKPT-SAVE-1", f"{what}, no model", ("could not find",)
@@ -66,8 +69,8 @@ def test_save_needs_exactly_one_sharded_model(family: str, tmp_path: Path) -> No
 def _rank0_path_rank(ctx: Any, family: str, directory: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for fmt in ("full", "sharded"):
-        t = build(ctx, error_scenario(family), fmt)
-        train_plan(t, error_scenario(family))
+        t = build(ctx, error_scenario(family, ctx.world_size), fmt)
+        train_plan(t, error_scenario(family, ctx.world_size))
         mine = os.path.join(directory, f"{fmt}-rank{ctx.rank}")
         t.strategy.save_checkpoint(mine, {"model": t.model, "optimizer": t.optimizer})
         t.strategy.barrier()
@@ -75,7 +78,7 @@ def _rank0_path_rank(ctx: Any, family: str, directory: str) -> dict[str, Any]:
             "listing": sorted(n for n in os.listdir(directory) if n.startswith(fmt)),
             "saved": read_state(t),
         }
-        f = build(ctx, error_scenario(family), fmt)
+        f = build(ctx, error_scenario(family, ctx.world_size), fmt)
         f.strategy.load_checkpoint(
             os.path.join(directory, f"{fmt}-rank0"), {"model": f.model, "optimizer": f.optimizer}
         )
@@ -88,7 +91,9 @@ def _rank0_path_rank(ctx: Any, family: str, directory: str) -> dict[str, Any]:
 @pytest.mark.clause("CKPT-SAVE-2")
 @pytest.mark.parametrize("family", FAMILIES)
 def test_ranks_passing_different_paths_write_rank0s(family: str, tmp_path: Path) -> None:
-    for rank, out in enumerate(run(_rank0_path_rank, family, str(tmp_path), world_size=2)):
+    for rank, out in enumerate(
+        run(_rank0_path_rank, family, str(tmp_path), world_size=job_world())
+    ):
         for fmt in ("full", "sharded"):
             what = f"CKPT-SAVE-2: rank {rank} ({family}, {fmt})"
             assert out[fmt]["listing"] == [f"{fmt}-rank0"], (
@@ -101,8 +106,8 @@ def test_ranks_passing_different_paths_write_rank0s(family: str, tmp_path: Path)
 
 def _replace_rank(ctx: Any, family: str, directory: str) -> dict[str, Any]:
     full, sharded = (
-        build(ctx, error_scenario(family), "full"),
-        build(ctx, error_scenario(family), "sharded"),
+        build(ctx, error_scenario(family, ctx.world_size), "full"),
+        build(ctx, error_scenario(family, ctx.world_size), "sharded"),
     )
     target = os.path.join(directory, "target")
     sharded.strategy.save_checkpoint(target, {"model": sharded.model})
@@ -135,7 +140,7 @@ def _replace_rank(ctx: Any, family: str, directory: str) -> dict[str, Any]:
 def test_save_replaces_checkpoints_and_refuses_other_directories(
     family: str, tmp_path: Path
 ) -> None:
-    for rank, out in enumerate(run(_replace_rank, family, str(tmp_path), world_size=2)):
+    for rank, out in enumerate(run(_replace_rank, family, str(tmp_path), world_size=job_world())):
         what = f"rank {rank} ({family})"
         assert out["full_over_sharded"], (
             f"CKPT-SAVE-3: {what}: a full save did not replace the sharded checkpoint at its path"
@@ -156,8 +161,8 @@ def _filter_rank(ctx: Any, family: str, directory: str) -> dict[str, Any]:
     from suites.checkpoint_plans import make_metadata
 
     full, sharded = (
-        build(ctx, error_scenario(family), "full"),
-        build(ctx, error_scenario(family), "sharded"),
+        build(ctx, error_scenario(family, ctx.world_size), "full"),
+        build(ctx, error_scenario(family, ctx.world_size), "sharded"),
     )
     path = os.path.join(directory, "filtered.pt")
     keep = {
@@ -187,7 +192,7 @@ def _filter_rank(ctx: Any, family: str, directory: str) -> dict[str, Any]:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_filter_selects_entries_of_full_saves_only(family: str, tmp_path: Path) -> None:
     every = sorted(build_model(ERROR_SPEC, "meta").state_dict())
-    for rank, out in enumerate(run(_filter_rank, family, str(tmp_path), world_size=2)):
+    for rank, out in enumerate(run(_filter_rank, family, str(tmp_path), world_size=job_world())):
         what = f"rank {rank} ({family})"
         assert out["model"] == [k for k in every if not k.startswith("head.")], (
             f"CKPT-SAVE-5: {what}: the filtered full file's model holds {out['model']}"

@@ -16,6 +16,7 @@ from suites._run import run
 from suites.checkpoint_checks import check_refusal, files_digest, tree_diff
 from suites.checkpoint_jobs import ERROR_SPEC, attempt, build, error_scenario, read_state
 from suites.models import build_model
+from suites.scenarios import job_world
 
 FAMILIES = ["fsdp", "model_parallel"]
 
@@ -36,7 +37,7 @@ class Payload:
 
 
 def _load_contract_rank(ctx: Any, family: str, directory: str, bare: str) -> dict[str, Any]:
-    t = build(ctx, error_scenario(family), "sharded")
+    t = build(ctx, error_scenario(family, ctx.world_size), "sharded")
     sharded = os.path.join(directory, "sharded")
     t.strategy.save_checkpoint(sharded, {"model": t.model, "optimizer": t.optimizer})
     load = t.strategy.load_checkpoint
@@ -70,7 +71,9 @@ def test_load_refuses_what_it_cannot_load(family: str, tmp_path: Path) -> None:
     bare = str(tmp_path / "weights.pt")
     expected = build_model(ERROR_SPEC).state_dict()
     torch.save(expected, bare)
-    results = run(_load_contract_rank, family, str(tmp_path / "ckpts"), bare, world_size=2)
+    results = run(
+        _load_contract_rank, family, str(tmp_path / "ckpts"), bare, world_size=job_world()
+    )
     for rank, out in enumerate(results):
         what = f"rank {rank} ({family})"
         check_refusal(out["empty"], ("ValueError",), "CKPT-LOAD-1", f"{what}, state={{}}")
@@ -99,7 +102,9 @@ def test_load_refuses_what_it_cannot_load(family: str, tmp_path: Path) -> None:
 
 
 def _unpickling_rank(ctx: Any, family: str, directory: str, marker: str) -> dict[str, Any]:
-    full, sharded = (build(ctx, error_scenario(family), fmt) for fmt in ("full", "sharded"))
+    full, sharded = (
+        build(ctx, error_scenario(family, ctx.world_size), fmt) for fmt in ("full", "sharded")
+    )
     paths = {
         "full": os.path.join(directory, "full.pt"),
         "sharded": os.path.join(directory, "sharded"),
@@ -136,7 +141,7 @@ def _unpickling_rank(ctx: Any, family: str, directory: str, marker: str) -> dict
 @pytest.mark.parametrize("family", FAMILIES)
 def test_load_never_unpickles_arbitrary_objects(family: str, tmp_path: Path) -> None:
     marker = str(tmp_path / "code-ran")
-    results = run(_unpickling_rank, family, str(tmp_path / "ckpts"), marker, world_size=2)
+    results = run(_unpickling_rank, family, str(tmp_path / "ckpts"), marker, world_size=job_world())
     for rank, out in enumerate(results):
         for key in ("full", "sharded", "bare"):
             what = f"rank {rank} ({family}), a {key} checkpoint holding a pickled object"

@@ -36,7 +36,7 @@ from suites._contract import (
 from suites._run import RankResult, Trained, train
 from suites.models import Block, build_model
 from suites.oracles import assert_parity, gathered_state
-from suites.scenarios import SHARDING_STRATEGIES, world_sizes
+from suites.scenarios import SHARDING_STRATEGIES, job_world, world_sizes
 from suites.specs import ACSpec, FSDPConfig, OptimSpec, Scenario, TrainPlan, WrapSpec
 
 PUBLIC_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
@@ -93,7 +93,7 @@ def _sharding_rank(ctx: Any, names: list[Any], bad: list[Any]) -> list[tuple[str
 @given(names=st.lists(any_case(), min_size=1, max_size=4), bad=st.lists(BAD_SHARDING, max_size=4))
 @example(names=list(SHARDING_STRATEGIES), bad=list(NEAR_MISS_SHARDING))
 def test_sharding_strategy_names_in_any_case(names: list[str], bad: list[Any]) -> None:
-    for rank, seen in enumerate(run_on_ranks(_sharding_rank, names, bad, world_size=2)):
+    for rank, seen in enumerate(run_on_ranks(_sharding_rank, names, bad, world_size=job_world())):
         for name, wanted, units in seen:
             assert units == [wanted], f"rank {rank}: sharding_strategy={name} built units {units}"
 
@@ -134,7 +134,7 @@ def _hybrid_rank(ctx: Any) -> dict[str, Any]:
 
 @pytest.mark.clause("CFG-2")
 def test_hybrid_sharding_needs_a_way_to_form_groups() -> None:
-    for rank, seen in enumerate(run_on_ranks(_hybrid_rank, world_size=2)):
+    for rank, seen in enumerate(run_on_ranks(_hybrid_rank, world_size=job_world())):
         for name, units in seen.items():
             assert units == [name], f"rank {rank}: {name} with an auto_wrap_policy built {units}"
 
@@ -254,7 +254,7 @@ def test_policies_in_every_accepted_form() -> None:
     plain = build_model(SPEC, "meta")
     units = sorted(WrapSpec("classes", ("Block",)).expected_units(plain) | {""})
     checkpointed = sorted(ACSpec("classes", ("Block",)).expected_wrapped(plain))
-    for rank, seen in enumerate(run_on_ranks(_policy_rank, world_size=2)):
+    for rank, seen in enumerate(run_on_ranks(_policy_rank, world_size=job_world())):
         for key, value in seen.items():
             expected = units if key.startswith("wrap") else checkpointed
             assert value == expected, (
@@ -294,13 +294,13 @@ def _orig_params_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
 @pytest.mark.clause("CFG-5")
 def test_use_orig_params() -> None:
     scenario = Scenario(
-        2,
+        job_world(),
         SPEC,
         FSDPConfig(extra=(("use_orig_params", False),)),
         OptimSpec("sgd", lr=0.1),
         TrainPlan(steps=1, batch_size=2),
     )
-    results = run_on_ranks(_orig_params_rank, scenario, world_size=2)
+    results = run_on_ranks(_orig_params_rank, scenario, world_size=scenario.world_size)
     for rank, seen in enumerate(results):
         assert seen["default"] == [True] and not seen["names"], (
             f"rank {rank}: by default FSDP units must use use_orig_params=True; got "
@@ -338,7 +338,7 @@ def _offload_rank(ctx: Any) -> dict[str, Any]:
 def test_cpu_offload_of_parameters_without_an_accelerator_is_refused() -> None:
     if has_accelerator():
         pytest.skip("environment: CFG-6's refusal applies to machines without an accelerator")
-    for rank, seen in enumerate(run_on_ranks(_offload_rank, world_size=2)):
+    for rank, seen in enumerate(run_on_ranks(_offload_rank, world_size=job_world())):
         for label in ("False", "CPUOffload(False)"):
             assert seen[label] == ("ok", ""), f"rank {rank}: cpu_offload={label}: {seen[label]}"
         for label in ("True", "CPUOffload(True)"):

@@ -28,7 +28,7 @@ from suites._contract import (
     supported_families,
 )
 from suites.models import Block, build_model
-from suites.scenarios import world_sizes
+from suites.scenarios import job_world, world_sizes
 
 PRECISIONS = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")
 NEAR_MISS_PRECISION = ("32", "16", "bf16", "fp16-mixed", "64-true", "16-mixed ", "mixed", "")
@@ -77,7 +77,7 @@ def _precision_rank(ctx: Any, bad: list[Any]) -> dict[str, Any]:
 @given(bad=st.lists(BAD_PRECISION, min_size=1, max_size=6))
 @example(bad=[*NEAR_MISS_PRECISION, 16, torch.float16, NotAPrecision()])
 def test_precision_is_one_of_five(bad: list[Any]) -> None:
-    for rank, seen in enumerate(run_on_ranks(_precision_rank, bad, world_size=2)):
+    for rank, seen in enumerate(run_on_ranks(_precision_rank, bad, world_size=job_world())):
         for key, plugin_methods in seen.items():
             assert plugin_methods == [True, True], (
                 f"rank {rank}: {key}: the precision plugin lacks forward_context/convert_input"
@@ -158,27 +158,36 @@ def _parallelize_fn_rank(ctx: Any) -> list[str]:
 
 @pytest.mark.clause("CFG-9")
 def test_parallelize_fn_must_return_a_module_and_fsdp1_is_refused() -> None:
-    for rank, messages in enumerate(run_on_ranks(_parallelize_fn_rank, world_size=2)):
+    for rank, messages in enumerate(run_on_ranks(_parallelize_fn_rank, world_size=job_world())):
         assert len(messages) == 5, f"rank {rank}: {messages}"
 
 
 # --- CFG-10 -----------------------------------------------------------------------------
 
-#: options of the other family, set to a non-default value: a strategy may not ignore them
-FOREIGN = {
-    "fsdp": {
-        "data_parallel_size": 2,
-        "tensor_parallel_size": 1,
-        "save_distributed_checkpoint": False,
-    },
-    "model_parallel": {
-        "sharding_strategy": "NO_SHARD",
-        "auto_wrap_policy": {Block},
-        "activation_checkpointing_policy": {Block},
-        "state_dict_type": "full",
-        "device_mesh": (1, 2),
-    },
-}
+
+def foreign_options(world: int) -> dict[str, dict[str, Any]]:
+    """Options of the other family, each set to a non-default value valid at ``world`` ranks
+    (a mesh of the world): a strategy may not ignore them.
+
+    Args:
+        world: the job's world size.
+    """
+    return {
+        "fsdp": {
+            "data_parallel_size": world,
+            "tensor_parallel_size": 1,
+            "save_distributed_checkpoint": False,
+        },
+        "model_parallel": {
+            "sharding_strategy": "NO_SHARD",
+            "auto_wrap_policy": {Block},
+            "activation_checkpointing_policy": {Block},
+            "state_dict_type": "full",
+            "device_mesh": (1, world),
+        },
+    }
+
+
 UNKNOWN = "definitely_not_an_option"
 
 
@@ -192,7 +201,7 @@ def _honour_rank(ctx: Any) -> dict[str, tuple[str, str]]:
     families = supported_families(ctx)
     for family in families:
         out[f"{family} {UNKNOWN}"] = outcome(attempt(family, extra={UNKNOWN: 1}))
-        for option, value in FOREIGN[family].items():
+        for option, value in foreign_options(ctx.world_size)[family].items():
             out[f"{family} {option}"] = outcome(attempt(family, **{option: value}))
     if "fsdp" in families:
         out["fsdp state_dict_type"] = outcome(attempt("fsdp", state_dict_type="nonsense"))
@@ -223,7 +232,7 @@ def _honour_rank(ctx: Any) -> dict[str, tuple[str, str]]:
 
 @pytest.mark.clause("CFG-10")
 def test_options_are_honoured_or_refused_never_ignored() -> None:
-    for rank, seen in enumerate(run_on_ranks(_honour_rank, world_size=2)):
+    for rank, seen in enumerate(run_on_ranks(_honour_rank, world_size=job_world())):
         for key, (kind, message) in seen.items():
             option = key.split(" ", 1)[1]
             if option == "precision" and kind == "ok":

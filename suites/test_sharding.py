@@ -25,7 +25,7 @@ from suites.oracles import (
     reference_run,
 )
 from suites.regressions import AC_BLOCKS
-from suites.scenarios import scenarios, train_plans
+from suites.scenarios import job_world, scenarios, train_plans
 from suites.specs import ACSpec, FSDPConfig, Scenario, WrapSpec
 from suites.tolerances import EXACT
 
@@ -139,8 +139,8 @@ def _prewrapped_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
 
 @pytest.mark.clause("WRAP-2")
 def test_a_module_the_user_wrapped_is_kept_and_the_policy_ignored() -> None:
-    scenario = _small_scenario(2, wrap=WrapSpec("classes", ("Block",)))
-    for rank, out in enumerate(run(_prewrapped_rank, scenario, world_size=2)):
+    scenario = _small_scenario(job_world(), wrap=WrapSpec("classes", ("Block",)))
+    for rank, out in enumerate(run(_prewrapped_rank, scenario, world_size=scenario.world_size)):
         assert out["units"] == ["", "blocks.0"], (
             f"rank {rank}: units {out['units']}: the user's unit must be kept and the policy "
             "must not wrap blocks.1"
@@ -193,8 +193,8 @@ def _prechecked_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
 
 @pytest.mark.clause("AC-1")
 def test_checkpointing_leaves_an_already_checkpointed_model_alone() -> None:
-    scenario = _small_scenario(2, ac=ACSpec("classes", ("Block",)))
-    for rank, out in enumerate(run(_prechecked_rank, scenario, world_size=2)):
+    scenario = _small_scenario(job_world(), ac=ACSpec("classes", ("Block",)))
+    for rank, out in enumerate(run(_prechecked_rank, scenario, world_size=scenario.world_size)):
         assert out["wrapped"] == ["blocks.0"] and not out["nested"], (
             f"rank {rank}: checkpoint wrappers {out['wrapped']} (nested: {out['nested']}); "
             "only the user's blocks.0 wrapper may exist"

@@ -37,7 +37,7 @@ from suites.regressions import (
     SYNC_NESTED,
     SYNC_TIED_MIXED,
 )
-from suites.scenarios import SHARDING_STRATEGIES, scenarios, train_plans
+from suites.scenarios import SHARDING_STRATEGIES, job_world, scenarios, train_plans
 from suites.specs import FSDPConfig, Scenario, TrainPlan
 from suites.tolerances import EXACT, tolerance
 
@@ -225,7 +225,7 @@ def _type_error_rank(ctx: Any, family: str, which: str) -> str:
 @pytest.mark.parametrize("which", ["no_backward_sync", "clip_gradients_norm"])
 @pytest.mark.parametrize("family", ["fsdp", "model_parallel"])
 def test_a_module_that_is_not_a_sharded_root_is_refused(family: str, which: str) -> None:
-    for rank, outcome in enumerate(run(_type_error_rank, family, which, world_size=2)):
+    for rank, outcome in enumerate(run(_type_error_rank, family, which, world_size=job_world())):
         assert outcome.startswith("TypeError"), (
             f"rank {rank}: {which} on a plain nn.Linear gave {outcome!r}, expected TypeError"
         )

@@ -1,0 +1,69 @@
+"""``job_world``: a fixed-size check runs at its preferred world size, or the session's next."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import harness.api
+from harness.attach.session import AttachInfo
+from suites import scenarios
+from suites.scenarios import available_world_sizes, job_world
+
+
+def _session(monkeypatch: pytest.MonkeyPatch, nproc: int, attach_world: int | None) -> None:
+    """Make the harness believe it runs locally with ``--nproc nproc`` or attached to torchrun."""
+    attach = (
+        None
+        if attach_world is None
+        else AttachInfo("127.0.0.1", 29500, "t", attach_world, attach_world, 1)
+    )
+    config = dataclasses.replace(harness.api.current_config(), nproc=nproc, attach=attach)
+    monkeypatch.setattr(harness.api, "_config", config)
+
+
+@pytest.mark.parametrize("nproc", [2, 4, 8])
+def test_local_mode_keeps_the_preferred_size(monkeypatch: pytest.MonkeyPatch, nproc: int) -> None:
+    _session(monkeypatch, nproc, None)
+    assert available_world_sizes() == list(range(1, nproc + 1))
+    assert job_world() == 2
+    assert job_world(2) == 2
+    assert job_world(1) == 1
+
+
+def test_local_mode_below_the_preferred_size_keeps_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    _session(monkeypatch, 1, None)
+    assert job_world(2) == 2  # the harness reports it as environment (--nproc too small)
+
+
+def test_attach_mode_runs_at_torchruns_larger_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    _session(monkeypatch, 4, 4)
+    assert available_world_sizes() == [4]
+    assert job_world() == 4
+    assert job_world(3) == 4
+    assert job_world(4) == 4
+
+
+def test_attach_mode_with_fewer_ranks_keeps_the_preferred_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _session(monkeypatch, 1, 1)
+    assert available_world_sizes() == [1]
+    assert job_world(2) == 2  # no larger size: the harness reports environment
+    assert job_world(1) == 1
+    _session(monkeypatch, 4, 4)
+    assert job_world(8) == 8
+
+
+def test_picks_the_smallest_larger_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scenarios, "available_world_sizes", lambda: [1, 6, 3])
+    assert job_world(2) == 3
+    assert job_world(4) == 6
+    assert job_world(3) == 3
+
+
+@pytest.mark.parametrize("preferred", [0, -2])
+def test_rejects_a_size_below_one(preferred: int) -> None:
+    with pytest.raises(ValueError, match=rf"preferred={preferred}.*at least 1"):
+        job_world(preferred)

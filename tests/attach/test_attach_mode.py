@@ -92,7 +92,7 @@ def test_attach_mode_reports_raising_and_hanging_ranks_and_heals(tmp_path: Path)
     assert "attach=torchrun(1 node(s) x 4)" in proc.stdout
 
 
-def test_attach_mode_passes_a_subset_of_the_suites(tmp_path: Path) -> None:
+def test_attach_mode_passes_a_subset_of_the_suites_with_rank_coverage(tmp_path: Path) -> None:
     report = tmp_path / "report"
     args = [
         "suites/test_training.py",
@@ -101,6 +101,8 @@ def test_attach_mode_passes_a_subset_of_the_suites(tmp_path: Path) -> None:
         "--hypothesis-profile=ci",
         "--conformance-strict",
         f"--conformance-report={report}",
+        f"--rank-coverage-dir={tmp_path / 'coverage'}",
+        "--rank-coverage=reference_impl",
     ]
     proc, outcomes = _attach(args, tmp_path, timeout=480)
     assert proc.returncode == 0, _explain(proc)
@@ -115,6 +117,9 @@ def test_attach_mode_passes_a_subset_of_the_suites(tmp_path: Path) -> None:
     kinds = {c["outcome"] for c in checks}
     assert kinds <= {"passed", "environment"} and "passed" in kinds, kinds
     assert any(c["outcome"] == "environment" for c in checks), "resharding must be environment"
+    # coverage from every torchrun rank and the controller, combined
+    assert "5 processes combined (4 ranks, 1 controller)" in proc.stdout, _explain(proc)
+    assert (tmp_path / "coverage" / "coverage.json").is_file()
 
 
 def test_a_lost_rank_ends_the_run_with_a_report(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from functools import partial
 from typing import Any
 
 import pytest
+from hypothesis.errors import Unsatisfiable
 
 from harness import api
 from harness.attach.session import AttachError, info_from_env
@@ -275,9 +276,9 @@ def pytest_shardcheck_unsatisfiable(item: pytest.Item) -> Generator[None, Any, A
     api.take_unavailable_reason()
     try:
         return (yield)
-    except Exception as exc:
+    except Unsatisfiable:
         reason = api.take_unavailable_reason()
-        if reason is not None and type(exc).__name__ == "Unsatisfiable":
+        if reason is not None:
             pytest.skip(reason)
         raise
 

@@ -73,6 +73,35 @@ def _simulate_recursive(module: nn.Module, policy: Any, prefix: str, out: set[st
     return wrapped
 
 
+def _build_policy(
+    owner: str,
+    kinds: tuple[str, ...],
+    kind: str,
+    classes: tuple[str, ...],
+    min_num_params: int = 0,
+) -> Any:
+    """The policy object of ``kind`` (None for ``none``) for a wrap or checkpointing spec.
+
+    Raises:
+        ValueError: ``kind`` is not one of ``kinds`` (``owner`` names the spec).
+    """
+    from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy
+
+    if kind not in kinds:
+        raise ValueError(f"{owner}.kind={kind!r} is unknown; use one of {kinds}.")
+    if kind == "none":
+        return None
+    if kind == "classes":
+        return _classes(classes)
+    if kind == "module_wrap_policy":
+        return ModuleWrapPolicy(_classes(classes))
+    if kind == "custom_policy":
+        return CustomPolicy(functools.partial(_lambda_by_class, classes=classes))
+    if kind == "size":
+        return functools.partial(_size_policy, min_num_params=min_num_params)
+    return functools.partial(select_by_class, classes=classes)  # "callable"
+
+
 @dataclass(frozen=True)
 class WrapSpec:
     """An FSDP1 auto-wrap policy as data.
@@ -91,21 +120,7 @@ class WrapSpec:
 
     def build(self) -> Any:
         """The policy object the strategy gets (None for ``none``)."""
-        from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy
-
-        if self.kind == "none":
-            return None
-        if self.kind == "classes":
-            return _classes(self.classes)
-        if self.kind == "module_wrap_policy":
-            return ModuleWrapPolicy(_classes(self.classes))
-        if self.kind == "custom_policy":
-            return CustomPolicy(functools.partial(_lambda_by_class, classes=self.classes))
-        if self.kind == "size":
-            return functools.partial(_size_policy, min_num_params=self.min_num_params)
-        if self.kind == "callable":
-            return functools.partial(select_by_class, classes=self.classes)
-        raise ValueError(f"WrapSpec.kind={self.kind!r} is unknown; use one of {WRAP_KINDS}.")
+        return _build_policy("WrapSpec", WRAP_KINDS, self.kind, self.classes, self.min_num_params)
 
     def expected_units(self, model: nn.Module) -> set[str]:
         """Qualified names of the modules that must be their own FSDP unit (root excluded)."""
@@ -131,17 +146,7 @@ class ACSpec:
 
     def build(self) -> Any:
         """The policy object the strategy gets (None for ``none``)."""
-        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-
-        if self.kind == "none":
-            return None
-        if self.kind == "classes":
-            return _classes(self.classes)
-        if self.kind == "module_wrap_policy":
-            return ModuleWrapPolicy(_classes(self.classes))
-        if self.kind == "callable":
-            return functools.partial(select_by_class, classes=self.classes)
-        raise ValueError(f"ACSpec.kind={self.kind!r} is unknown; use one of {AC_KINDS}.")
+        return _build_policy("ACSpec", AC_KINDS, self.kind, self.classes)
 
     def expected_wrapped(self, model: nn.Module) -> set[str]:
         """Qualified names of the modules that must be checkpoint-wrapped."""

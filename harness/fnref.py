@@ -12,6 +12,7 @@ import ast
 import importlib
 import importlib.abc
 import importlib.util
+import inspect
 import os
 import sys
 from collections.abc import Callable
@@ -175,8 +176,13 @@ def install_rewriting(modules: dict[str, str]) -> None:
         sys.meta_path.insert(0, _RewritingFinder(modules))
 
 
+def _plain(source: str, lexer: str = "python") -> str:
+    """No colour: rank output is read as plain text."""
+    return source
+
+
 class _AssertConfig:
-    """The two things pytest's comparison explainer asks of its config."""
+    """The two things pytest's comparison explainer asks of its config (pytest < 9.2)."""
 
     def get_verbosity(self, *_: Any) -> int:
         return 0
@@ -185,15 +191,27 @@ class _AssertConfig:
         return self
 
     def _highlight(self, source: str, lexer: str = "python") -> str:
-        return source
+        return _plain(source, lexer)
+
+
+def _explain(op: str, left: object, right: object) -> list[str]:
+    """pytest's explanation lines; its signature changed in pytest 9.2 (keywords, no config)."""
+    from _pytest.assertion import util
+
+    explain: Any = util.assertrepr_compare
+    if "highlighter" in inspect.signature(explain).parameters:
+        lines = explain(
+            op, left, right, verbose=0, highlighter=_plain, assertion_text_diff_style="ndiff"
+        )
+    else:
+        lines = explain(_AssertConfig(), op, left, right)
+    return list(lines or ())
 
 
 def _reprcompare(op: str, left: object, right: object) -> str | None:
     """Detailed explanation of a failed comparison, as pytest prints it in the controller."""
-    from _pytest.assertion.util import assertrepr_compare
-
     try:
-        lines = assertrepr_compare(_AssertConfig(), op, left, right)
+        lines = _explain(op, left, right)
     except Exception:
         return None
     if not lines:

@@ -1,9 +1,10 @@
-"""Every clause of SPEC.md sections 1-6 is named by some suite test, and no suite test names
-a clause SPEC.md does not have.
+"""Every clause of the contract (sections 1-6) is named by some suite test, and no suite test
+names a clause the contract does not have.
 
-The clause ids come from ``suites/clauses.py`` (a copy of SPEC.md's ids); the declarations are
-the ``@pytest.mark.clause(...)`` marks of the test functions in ``suites/test_*.py`` and of
-their ``pytest.param`` parameter sets, read by importing those modules (no collection, no ranks).
+The clause ids come from ``suites/clauses.py`` (the suites' view of :mod:`harness.clauses`); the
+declarations are the ``@pytest.mark.clause(...)`` marks of the test functions in
+``suites/test_*.py`` and of their ``pytest.param`` parameter sets, read by importing those
+modules (no collection, no ranks).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def test_every_clause_of_sections_1_to_6_is_named_by_a_suite_test() -> None:
         if missing:
             lines.append(f"  section {number} ({title}): {', '.join(missing)}")
     assert not lines, (
-        "clauses of SPEC.md that no test in suites/ names with @pytest.mark.clause(...):\n"
+        "clauses of the contract that no test in suites/ names with @pytest.mark.clause(...):\n"
         + "\n".join(lines)
     )
 
@@ -90,6 +91,6 @@ def test_suite_tests_name_only_clauses_of_the_spec() -> None:
     declared, _ = declared_clauses()
     unknown = {c: tests for c, tests in declared.items() if c not in ALL_CLAUSES}
     assert not unknown, (
-        "@pytest.mark.clause ids that SPEC.md (suites/clauses.py) does not have: "
+        "@pytest.mark.clause ids that the contract (harness/clauses) does not have: "
         + "; ".join(f"{c} in {', '.join(tests)}" for c, tests in sorted(unknown.items()))
     )

@@ -1,0 +1,259 @@
+"""Contract sections 1-4: the strategy object, construction, sharding, training."""
+
+from __future__ import annotations
+
+from harness.clauses.registry import Clause, Section
+
+__all__ = ["API", "CONSTRUCTION", "SHARDING", "TRAINING"]
+
+API = Section(
+    1,
+    "The strategy object (API surface)",
+    (
+        Clause(
+            "API-1",
+            "When the caller has already initialized the default process group, "
+            "`setup_environment()` uses that group as it is: it neither initializes a second "
+            "one nor destroys the caller's.",
+        ),
+        Clause(
+            "API-2",
+            "`setup_module(module)` gives back the sharded module. `setup_optimizer(optimizer)` "
+            "gives back an optimizer whose steps update the sharded parameters; the optimizer "
+            "is built from the parameters of the module after `setup_module`, and an optimizer "
+            "that holds none of them is refused with `ValueError` telling the user to create "
+            "it after `setup_module`. For the fsdp family with `use_orig_params=True`, "
+            "`setup_module_and_optimizers(module, [optimizers])` gives back "
+            "`(module, [optimizers])`.",
+        ),
+        Clause(
+            "API-3",
+            "`module_init_context(empty_init)` is a context manager. With `empty_init=True` "
+            "the parameters it creates live on the meta device, and `setup_module` "
+            "materializes them, calling `reset_parameters()` once on every module that directly "
+            "owns parameters or buffers. With `empty_init` False or None, parameters are real "
+            "tensors initialized as usual.",
+        ),
+        Clause(
+            "API-4",
+            "`backward(loss, module)` and `optimizer_step(optimizer)` go through the precision "
+            "plugin (under `16-mixed` that includes the gradient scaler). The precision object "
+            "offers `forward_context()` and `convert_input(x)`.",
+        ),
+        Clause(
+            "API-5",
+            '`all_reduce(tensor, group=None, reduce_op=...)` with `reduce_op` `"mean"` or '
+            '`"sum"` (passed by keyword) reduces over the whole world and returns anything '
+            "that is not a tensor as it came. `broadcast(obj, src)` gives every rank the "
+            "picklable object of rank `src`. `barrier()` returns on every rank.",
+        ),
+        Clause(
+            "API-6",
+            "`root_device` is the device of this rank. `distributed_sampler_kwargs` holds "
+            "`num_replicas` and `rank` of the data-parallel dimension: the whole world for the "
+            "fsdp family, the `data_parallel` mesh dimension for the model_parallel family.",
+        ),
+        Clause(
+            "API-7",
+            "`checkpoint_io` exists only to be refused: reading it or assigning it raises "
+            "`NotImplementedError`.",
+        ),
+        Clause(
+            "API-8",
+            "`teardown()` frees what the strategy holds, and a default process group created "
+            "by the caller is still usable afterwards.",
+        ),
+    ),
+)
+
+CONSTRUCTION = Section(
+    2,
+    "Construction and validation",
+    (
+        Clause(
+            "CFG-1",
+            "`sharding_strategy` takes one of `FULL_SHARD`, `SHARD_GRAD_OP`, `NO_SHARD`, "
+            "`HYBRID_SHARD`, `_HYBRID_SHARD_ZERO2`, as a name in any letter case or as torch's "
+            "`ShardingStrategy` member. Any other value raises `ValueError` that names it and "
+            "lists the accepted names, even when the strategy supports only some of them "
+            "(validation comes before any `Unsupported`).",
+        ),
+        Clause(
+            "CFG-2",
+            "A hybrid sharding strategy given none of `auto_wrap_policy`, `process_group` and "
+            "`device_mesh` raises `RuntimeError`; `process_group` and `device_mesh` together "
+            "raise `ValueError`.",
+        ),
+        Clause(
+            "CFG-3",
+            "`device_mesh` is a `(replicate, shard)` tuple, built at `setup_environment` on the "
+            "rank's device type (cpu too), or a `DeviceMesh`. A tuple whose product differs "
+            "from the world size raises `ValueError` naming the tuple and the world size.",
+        ),
+        Clause(
+            "CFG-4",
+            "`auto_wrap_policy` and `activation_checkpointing_policy` take a set of module "
+            "classes, a `ModuleWrapPolicy` or `CustomPolicy`, or a callable policy. The older "
+            "`activation_checkpointing` (a class or a list of classes) keeps working with a "
+            "deprecation warning, and giving it together with `activation_checkpointing_policy` "
+            "raises `ValueError`.",
+        ),
+        Clause(
+            "CFG-5",
+            "`use_orig_params` is True unless set. With `use_orig_params=False`, "
+            "`setup_module_and_optimizers` raises `ValueError`, and so does `setup_optimizer` "
+            "on an optimizer holding no flattened FSDP parameter, telling the user to create "
+            "the optimizer after `setup_module`.",
+        ),
+        Clause(
+            "CFG-6",
+            "`cpu_offload` takes a bool or a `CPUOffload`. Where no accelerator exists, "
+            "parameter offload is refused with `ValueError` or declared `Unsupported`; it never "
+            "crashes the process.",
+        ),
+        Clause(
+            "CFG-7",
+            "The precision is one of `32-true`, `16-true`, `bf16-true`, `16-mixed`, "
+            "`bf16-mixed`; any other string or object raises `ValueError` or `TypeError`.",
+        ),
+        Clause(
+            "CFG-8",
+            "model_parallel: `data_parallel_size` defaults to `auto` (the number of nodes) and "
+            "`tensor_parallel_size` to `auto` (processes per node). Sizes whose product is not "
+            "the world size raise `RuntimeError` naming both sizes and the world size. The "
+            "mesh's dimensions are called `data_parallel` and `tensor_parallel`.",
+        ),
+        Clause(
+            "CFG-9",
+            "model_parallel: a `parallelize_fn` that returns something other than an "
+            "`nn.Module` raises `TypeError`, and a module that already holds FSDP1 wrappers is "
+            "refused with `TypeError`.",
+        ),
+        Clause(
+            "CFG-10",
+            "An option the strategy cannot honour is refused at construction or set-up with an "
+            "error (or `Unsupported`) that names the option; it is never silently ignored.",
+        ),
+    ),
+)
+
+SHARDING = Section(
+    3,
+    "Sharding, wrapping and activation checkpointing",
+    (
+        Clause(
+            "SHARD-1",
+            "fsdp family: under `FULL_SHARD` and `SHARD_GRAD_OP` every rank holds about one "
+            "world-th of each FSDP unit's flat parameter (ceil(total / world) plus alignment "
+            "padding), and the shards together are the whole model; under `NO_SHARD` every rank "
+            "holds everything; `HYBRID_SHARD` on a mesh (R, S) holds shards of one S-th, "
+            "replicated R times. model_parallel family: each parameter handed to `fully_shard` "
+            "is a DTensor split along dim 0 over the data-parallel mesh (ceil(dim0 / dp) rows "
+            "per rank), and tensor-parallel parameters have the placements their plan names.",
+        ),
+        Clause(
+            "SHARD-2",
+            "However many steps have run, the gathered full parameters are the same on every rank.",
+        ),
+        Clause(
+            "WRAP-1",
+            "With a set of classes or a `ModuleWrapPolicy`, each instance of those classes is "
+            "an FSDP unit of its own, and the root is the only other unit. With a size-based or "
+            "callable policy, the units are exactly the modules the policy picks.",
+        ),
+        Clause(
+            "WRAP-2",
+            "A module the user wrapped already is left as it is; the auto-wrap policy is then "
+            "ignored and a warning says so.",
+        ),
+        Clause(
+            "AC-1",
+            "Activation checkpointing wraps, after sharding, exactly the modules that "
+            "`activation_checkpointing_policy` selects, never one checkpoint wrapper inside "
+            "another; when the model already has checkpointed layers it warns and changes "
+            "nothing.",
+        ),
+        Clause(
+            "AC-2",
+            "Activation checkpointing leaves the numbers alone: losses and gradients are those "
+            "of the same run without it.",
+        ),
+    ),
+)
+
+TRAINING = Section(
+    4,
+    "Training semantics",
+    (
+        Clause(
+            "TRAIN-1",
+            "Parity with the plain model: k optimizer steps under the strategy, each "
+            "data-parallel rank on its own micro-batch (tensor-parallel peers share one), give "
+            "the gathered parameters and the losses of k steps of the unsharded model in one "
+            "process on all micro-batches concatenated, with the loss averaged over ranks, "
+            "within the precision's tolerance. This holds for every sharding strategy, wrap "
+            "policy, optimizer (SGD with momentum, Adam, AdamW) and for several parameter "
+            "groups.",
+        ),
+        Clause(
+            "TRAIN-2",
+            "A parameter with `requires_grad=False` never changes and never gets a gradient. "
+            "Tied parameters remain one tensor and are updated once per step.",
+        ),
+        Clause(
+            "TRAIN-3",
+            "Sizes that do not divide by the world size (down to a rank whose shard is empty) "
+            "train exactly like even sizes.",
+        ),
+        Clause(
+            "SYNC-1",
+            "Inside `no_backward_sync(module, enabled=True)` no gradient is reduced across "
+            "ranks: n micro-batches accumulated this way followed by one synchronized backward "
+            "update the model as one backward over all the data would. `enabled=False` changes "
+            "nothing. Leaving the context, normally or through an exception, restores gradient "
+            "sync to what it was on entry. `enabled=True` on a module that is not a sharded "
+            "root raises `TypeError`.",
+        ),
+        Clause(
+            "CLIP-1",
+            "`clip_gradients_norm(module, optimizer, max_norm, norm_type=2.0, "
+            "error_if_nonfinite=True)` returns the global gradient norm as the unsharded model "
+            "would compute it (replicated gradients counted once), the same value on every "
+            "rank, and scales the gradients so their global norm is at most `max_norm`; under "
+            "`16-mixed` it unscales first. A non-finite norm with `error_if_nonfinite=True` "
+            "raises `RuntimeError` on every rank and leaves the gradients unscaled. A module "
+            "that is not a sharded root raises `TypeError`.",
+        ),
+        Clause(
+            "PREC-1",
+            "`32-true`: parameters, gradients and optimizer state are float32.",
+        ),
+        Clause(
+            "PREC-2",
+            "`bf16-mixed` and `16-mixed`: the sharded master parameters and the optimizer state "
+            "stay float32, while forward compute and gradient reduction use the low dtype. "
+            "`16-mixed` uses a sharded gradient scaler on the rank's device type (cpu too) that "
+            "skips the step on all ranks when any rank saw inf or nan. model_parallel family: "
+            "these dtypes hold for the mixed-precision policy its `parallelize_fn` applies, and "
+            "a precision it cannot apply is `Unsupported`, not ignored.",
+        ),
+        Clause(
+            "PREC-3",
+            "`bf16-true` and `16-true`: modules created inside `module_init_context` get "
+            "parameters of the low dtype, and the optimizer state has that dtype too.",
+        ),
+        Clause(
+            "PREC-4",
+            "Buffers take the precision's buffer dtype while computing, but checkpoints hold "
+            "them at their stored dtype and shape.",
+        ),
+        Clause(
+            "INIT-1",
+            "Meta-device init (`empty_init=True`) and then `setup_module` give exactly the "
+            "parameters eager init gives, nested wrap units included, when every module's "
+            "`reset_parameters` is deterministic on its own (the suites seed it from the "
+            "module's qualified name). Buffers are materialized and tied weights are still "
+            "tied.",
+        ),
+    ),
+)

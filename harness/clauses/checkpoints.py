@@ -1,0 +1,175 @@
+"""Contract sections 5-6: checkpoints, and what only the model_parallel family must do."""
+
+from __future__ import annotations
+
+from harness.clauses.registry import Clause, Section
+
+__all__ = ["CHECKPOINTS", "MODEL_PARALLEL"]
+
+_FORMATS = (
+    "Two formats. **full**: one file that rank 0 writes with `torch.save`, holding the gathered "
+    "model state dict under the model's key, the gathered state dict of each optimizer under "
+    "its key, and the caller's other entries. **sharded**: a directory written by "
+    "`torch.distributed.checkpoint`, plus a `meta.pt` file from rank 0 with the caller's other "
+    "entries."
+)
+
+CHECKPOINTS = Section(
+    5,
+    "Checkpoints",
+    (
+        Clause(
+            "CKPT-SAVE-1",
+            "`save_checkpoint(path, state)` needs exactly one sharded module among the values "
+            'of `state`: with none it raises `ValueError` ("could not find"), with two or more '
+            '`ValueError` ("multiple"). Passing `storage_options` raises `TypeError`.',
+        ),
+        Clause(
+            "CKPT-SAVE-2",
+            "Rank 0's path is the one used (broadcast to the others): ranks passing different "
+            "paths still produce a single checkpoint.",
+        ),
+        Clause(
+            "CKPT-SAVE-3",
+            "A full save replaces a sharded checkpoint directory found at the path, and raises "
+            "`IsADirectoryError` for a directory that is not a checkpoint, leaving it as it "
+            "was. A sharded save replaces a file found at the path with its directory.",
+        ),
+        Clause(
+            "CKPT-SAVE-4",
+            "Values of `state` that are neither the module nor an optimizer are metadata; an "
+            "object with `state_dict()` and `load_state_dict()` is saved and restored through "
+            "those methods.",
+        ),
+        Clause(
+            "CKPT-SAVE-5",
+            "`filter={key: fn(name, value) -> bool}` keeps only the chosen entries of that key "
+            "in a full checkpoint; a filter on a sharded save raises `NotImplementedError`.",
+        ),
+        Clause(
+            "CKPT-LOAD-1",
+            "`load_checkpoint(path, state)` raises `ValueError` for an empty `state` and "
+            "`NotImplementedError` for a bare optimizer. Given a bare module it loads that "
+            "module from a file holding its own state dict (what `torch.save(model.state_dict(), "
+            "path)` writes); a directory there raises `ValueError`. A path that is neither a "
+            "file nor a sharded checkpoint raises `ValueError` naming it. Errors from "
+            "`torch.distributed.checkpoint` (its `CheckpointException` is not an `Exception`) "
+            "reach the caller as `RuntimeError`.",
+        ),
+        Clause(
+            "CKPT-LOAD-2",
+            "Metadata keys present in `state` are restored into it in place; the metadata "
+            "nobody asked for is the return value.",
+        ),
+        Clause(
+            "CKPT-RT-1",
+            "Full save then full load at the same world size: model state, optimizer state and "
+            "metadata equal what was saved.",
+        ),
+        Clause(
+            "CKPT-RT-2",
+            "Sharded save then sharded load at the same world size: the same equalities.",
+        ),
+        Clause(
+            "CKPT-RT-3",
+            "Resharding: in either format, a checkpoint saved at world size A loads at world "
+            "size B, and the gathered state is equal.",
+        ),
+        Clause(
+            "CKPT-RT-4",
+            "Conversion: a sharded checkpoint turned into a full one offline (no process group) "
+            "loads and equals the sharded one; a full checkpoint loaded and then saved sharded "
+            "equals it as well.",
+        ),
+        Clause(
+            "CKPT-RT-5",
+            "Resume: k steps, a save, a load into new objects and m more steps end where k + m "
+            "uninterrupted steps end, within the precision's tolerance, for every format, "
+            "sharding strategy and optimizer.",
+        ),
+        Clause(
+            "CKPT-REKEY-1",
+            "A full checkpoint whose optimizer state is keyed by integer parameter ids (as a "
+            "plain torch optimizer, or a trainer's standard format, saves it) loads into the "
+            "sharded model: ids follow the order of `param_groups`, several groups included, "
+            "and each state lands on its own parameter.",
+        ),
+        Clause(
+            "CKPT-REKEY-2",
+            "The model part of a full checkpoint from the strategy loads into the plain "
+            "unsharded model with torch's `load_state_dict` (no wrapper prefixes in the keys); "
+            "its optimizer part is keyed by parameter name and a documented helper turns it "
+            "into the plain optimizer's integer-keyed form.",
+        ),
+        Clause(
+            "CKPT-TRAINER-1",
+            "On request the strategy writes the trainer layout (one full file: the model under "
+            "`state_dict`, an `optimizer_states` list in standard integer-keyed form, and other "
+            "entries) and loads it back, matching optimizers by position; a number of "
+            "optimizers different from the file's raises `RuntimeError` naming both numbers.",
+        ),
+        Clause(
+            "CKPT-STRICT-1",
+            "With `strict=True`, a model key missing from the checkpoint raises `KeyError` or "
+            "`RuntimeError` naming it, an unexpected key raises as well, and a requested "
+            "metadata key that the checkpoint lacks raises `KeyError` naming it.",
+        ),
+        Clause(
+            "CKPT-STRICT-2",
+            "With `strict=False`, in both formats, model and metadata keys that are present "
+            "load, missing ones keep their current values, unexpected ones are ignored, and "
+            "nothing raises. Optimizer state still needs matching parameter groups; a mismatch "
+            "raises `ValueError` naming the group.",
+        ),
+        Clause(
+            "CKPT-STRICT-3",
+            "After a round trip the optimizer state is complete: every parameter group keeps "
+            "its hyper-parameters (`lr`, `betas`, ...), frozen or never-stepped parameters do "
+            "not spoil it, and tied parameters appear once.",
+        ),
+        Clause(
+            "CKPT-BUF-1",
+            "Persistent buffers survive a round trip; non-persistent buffers are neither "
+            "written nor required when loading.",
+        ),
+        Clause(
+            "CKPT-RT-6",
+            "A full checkpoint written by one family loads into the other family.",
+        ),
+        Clause(
+            "CKPT-SEC-1",
+            "Loading never unpickles arbitrary objects: files are read with "
+            "`torch.load(weights_only=True)`, so metadata holds only tensors, numbers, strings "
+            "and containers of them (an object's `state_dict()` is stored, never the object), "
+            "and a file that needs anything else is refused with an error saying why.",
+        ),
+    ),
+    intro=_FORMATS,
+)
+
+MODEL_PARALLEL = Section(
+    6,
+    "Model-parallel specifics",
+    (
+        Clause(
+            "MP-1",
+            "The device mesh is created at `setup_environment` on the rank's device type and "
+            "passed to `parallelize_fn`; asking for it before then raises `RuntimeError`.",
+        ),
+        Clause(
+            "MP-2",
+            "Tensor parallel plus FSDP2 trains like the plain model (TRAIN-1) for column-wise "
+            "and row-wise plans.",
+        ),
+        Clause(
+            "MP-3",
+            "`save_distributed_checkpoint=True` saves the sharded format and `False` the full "
+            "one; every checkpoint clause holds for both, DTensor parameters included.",
+        ),
+        Clause(
+            "MP-4",
+            "`no_backward_sync` switches gradient sync on every FSDP2 module and restores it on "
+            "exit, also when the body raises.",
+        ),
+    ),
+)

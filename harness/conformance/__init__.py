@@ -3,8 +3,9 @@
 Loaded as its own plugin (entry point ``shardcheck_conformance``, or ``-p harness.conformance``).
 Every collected test is a *check* with a stable id (``<suite module>.<test>[<param id>]``) and
 the SPEC.md clauses of its ``@pytest.mark.clause(...)`` markers. Each check ends with one
-outcome (``passed``, ``failed``, ``error``, ``unsupported``, ``environment``, ``xfailed``);
-a check that was deselected or never ran still appears in the report.
+outcome (``passed``, ``failed``, ``error``, ``unsupported``, ``environment``, ``xfailed``,
+or ``not run`` for a check an interrupted or stopped session never reached); a deselected
+check is listed in the report's ``selection``.
 
 Modules: :mod:`~harness.conformance.checks` (ids, outcomes, the expected-failures file),
 :mod:`~harness.conformance.unsupported` (``Unsupported`` under pytest and Hypothesis),

@@ -18,7 +18,6 @@ import pytest
 from harness.report import SEVERITY
 
 __all__ = [
-    "NOT_RUN",
     "Check",
     "check_id",
     "classify_report",
@@ -27,9 +26,9 @@ __all__ = [
     "failure_text",
     "load_expected_failures",
     "module_name",
+    "not_run_reason",
 ]
 
-NOT_RUN = "not run: the session stopped before this check (-x, --maxfail, a crash or Ctrl-C)"
 _MAX_SUMMARY = 4000
 #: Hypothesis errors that mean the suite itself is broken (an Unsatisfiable that is not made of
 #: recorded Unsupported examples: the suite's own filters rejected everything).
@@ -173,6 +172,21 @@ def classify_report(report: Any) -> tuple[str | None, str | None]:
     if _SUITE_ERRORS.match(summary):
         return "error", summary
     return "failed", summary
+
+
+def not_run_reason(interrupted: bool, stopped: str | bool) -> str:
+    """Why a check the session never reached did not run (its ``not run`` outcome's text).
+
+    Args:
+        interrupted: the run was interrupted (Ctrl-C, SIGTERM).
+        stopped: ``session.shouldstop or session.shouldfail``: the reason the session gave
+            for stopping early (``-x``, ``--maxfail``, a lost rank), or False.
+    """
+    if interrupted:
+        return "the run was interrupted (Ctrl-C or SIGTERM) before this check finished"
+    if isinstance(stopped, str) and stopped:
+        return f"the session stopped before this check: {stopped}"
+    return "the session stopped before this check (-x, --maxfail or a crash)"
 
 
 def load_expected_failures(path: str | None) -> dict[str, str]:

@@ -10,18 +10,18 @@ import pytest
 
 from harness.conformance import facts
 from harness.conformance.checks import (
-    NOT_RUN,
     Check,
     check_id,
     classify_report,
     collector_id,
     failure_text,
     load_expected_failures,
+    not_run_reason,
 )
 from harness.conformance.summary import write_summary
 from harness.conformance.unsupported import rejecting, running, skip_exception
 from harness.contract import Unsupported
-from harness.report import CONFORMING, CheckResult, Report
+from harness.report import CONFORMING, NOT_RUN, CheckResult, Report
 
 __all__ = ["ConformancePlugin"]
 
@@ -189,9 +189,11 @@ class ConformancePlugin:
         """Build (and write) the report; under ``--conformance-strict`` fail a bad run."""
         if self.config.getoption("collectonly"):
             return
+        interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
+        why = not_run_reason(interrupted, session.shouldstop or session.shouldfail)
         for check in self.checks.values():
             if check.outcome is None:
-                check.settle("error", NOT_RUN)
+                check.settle(NOT_RUN, why)
         self.report = self.build_report()
         directory = self.config.getoption("conformance_report")
         if directory:
@@ -213,7 +215,8 @@ class ConformancePlugin:
             )
             for c in self.checks.values()
         ]
-        ran = [c for c in self.checks.values() if c.outcome not in ("environment", "error")]
+        skipped = ("environment", "error", NOT_RUN)
+        ran = [c for c in self.checks.values() if c.outcome not in skipped]
         return Report(
             suite_version=facts.suite_version(),
             environment=facts.environment(self.config, (s for c in ran for s in c.world_sizes)),

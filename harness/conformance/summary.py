@@ -25,7 +25,13 @@ def _notes(config: pytest.Config, report: Report) -> list[str]:
         lines.append(f"report: {out / 'report.json'}, {out / 'report.md'}")
     deselected = report.selection.get("deselected", [])
     if deselected:
-        lines.append(f"deselected: {len(deselected)} checks (listed in the report)")
+        # promise a list only where one is written
+        where = (
+            f"listed in {Path(directory) / 'report.json'}"
+            if directory
+            else "--conformance-report DIR lists them"
+        )
+        lines.append(f"deselected: {len(deselected)} checks ({where})")
     for pattern in report.selection.get("unmatched_patterns", []):
         lines.append(f"--clauses: {pattern!r} matched no clause of any collected check")
     unmatched = report.expected_failures.get("unmatched", [])

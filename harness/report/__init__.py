@@ -15,7 +15,9 @@ from harness.report.markdown import render_markdown
 from harness.report.model import (
     CONFORMING,
     NO_CLAUSE,
+    NOT_RUN,
     OUTCOMES,
+    READABLE_SCHEMAS,
     SCHEMA_VERSION,
     SEVERITY,
     CheckResult,
@@ -28,8 +30,10 @@ from harness.report.model import (
 
 __all__ = [
     "CONFORMING",
+    "NOT_RUN",
     "NO_CLAUSE",
     "OUTCOMES",
+    "READABLE_SCHEMAS",
     "SCHEMA_VERSION",
     "SEVERITY",
     "CheckResult",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.report.model import NO_CLAUSE, Report, clause_outcomes
+from harness.report.model import NO_CLAUSE, NOT_RUN, Report, clause_outcomes
 
 __all__ = ["render_markdown"]
 
@@ -73,9 +73,9 @@ def render_markdown(report: Report) -> str:
         lines += [f"### {check.id}: {check.outcome} ({clauses})", ""]
         lines += [_fence(check.failure or "(no message)"), "", "Reproduce:", ""]
         lines += [_fence(check.reproducer), ""]
-    not_run = [c for c in report.checks if c.outcome in ("unsupported", "environment")]
+    not_run = [c for c in report.checks if c.outcome in ("unsupported", "environment", NOT_RUN)]
     if not_run:
-        lines += ["", "## Not run (unsupported or environment)", ""]
+        lines += ["", "## Checks that did not run (unsupported, environment, not run)", ""]
         lines += ["| check | clauses | outcome | reason |", "|---|---|---|---|"]
         for check in not_run:
             row = (check.id, ", ".join(check.clauses), check.outcome, check.failure or "")

@@ -10,8 +10,10 @@ from typing import Any
 
 __all__ = [
     "CONFORMING",
+    "NOT_RUN",
     "NO_CLAUSE",
     "OUTCOMES",
+    "READABLE_SCHEMAS",
     "SCHEMA_VERSION",
     "SEVERITY",
     "CheckResult",
@@ -22,11 +24,16 @@ __all__ = [
     "worst_outcome",
 ]
 
-SCHEMA_VERSION = 1
+#: 2 added the ``not run`` outcome; reports of schema 1 (a subset) are still read.
+SCHEMA_VERSION = 2
+READABLE_SCHEMAS = (1, 2)
+#: The outcome of a check the session never reached (interrupted, ``-x``, ``--maxfail``).
+NOT_RUN = "not run"
 #: Outcome names, in the order reports list them.
-OUTCOMES = ("passed", "failed", "error", "unsupported", "environment", "xfailed")
-#: The same, worst first: a clause takes the worst outcome of its checks.
-SEVERITY = ("failed", "error", "xfailed", "unsupported", "environment", "passed")
+OUTCOMES = ("passed", "failed", "error", "unsupported", "environment", "xfailed", NOT_RUN)
+#: The same, worst first: a clause takes the worst outcome of its checks. A clause with a
+#: check that did not run is not known to hold, so ``not run`` ranks above every skip.
+SEVERITY = ("failed", "error", NOT_RUN, "xfailed", "unsupported", "environment", "passed")
 #: Outcomes that do not fail a ``--conformance-strict`` run.
 CONFORMING = frozenset({"passed", "environment"})
 NO_CLAUSE = "(no clause)"
@@ -120,10 +127,11 @@ class Report:
                 f"{source} is not a shardcheck report (no 'schema_version'/'checks'); "
                 "pass the report.json written by --conformance-report."
             )
-        if data["schema_version"] != SCHEMA_VERSION:
+        if data["schema_version"] not in READABLE_SCHEMAS:
+            readable = " or ".join(map(str, READABLE_SCHEMAS))
             raise ReportError(
                 f"{source} has schema_version={data['schema_version']!r}; this shardcheck "
-                f"reads schema_version={SCHEMA_VERSION}. Compare reports of the same schema."
+                f"reads schema_version={readable}. Compare reports of a readable schema."
             )
         keys = ("id", "clauses", "outcome", "duration_s", "failure", "reproducer")
         try:
@@ -137,6 +145,7 @@ class Report:
             checks=checks,
             selection=data.get("selection", {}),
             expected_failures=data.get("expected_failures", {}),
+            schema_version=data["schema_version"],
         )
 
     def write(self, directory: str | Path) -> tuple[Path, Path]:

@@ -193,3 +193,15 @@ def test_reproducer_carries_plugins_and_shardcheck_options(
         "  # to replay the exact example, add @reproduce_failure('6.1', b'AAE=') to the test"
     )
     assert reproducer(config, "t.py::a", "").endswith("--strategy mypkg:make --hypothesis-seed=3")
+
+
+def test_a_schema_1_report_is_still_read_and_not_run_sorts_above_skips(tmp_path: Path) -> None:
+    old = make_report("2.12.0", OLD).to_dict()
+    old["schema_version"] = 1
+    del old["counts"]["not run"]
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(old))
+    report = load_report(path)
+    assert report.schema_version == 1 and len(report.checks) == len(OLD)
+    assert worst_outcome(["not run", "xfailed", "unsupported", "passed"]) == "not run"
+    assert worst_outcome(["not run", "error"]) == "error"

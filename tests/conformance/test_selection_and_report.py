@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pytest
+
+from tests.conformance.conftest import PLUGIN_ARGS
 
 if TYPE_CHECKING:
     from tests.conformance.conftest import Run
@@ -165,7 +168,10 @@ def test_check_ids_are_readable_and_strip_the_suites_package(
 def test_report_json_schema(run_suite: RunSuite) -> None:
     run = run_suite(CLAUSED)
     report = run.report()
-    assert report["schema_version"] == 1
+    assert report["schema_version"] == 2
+    assert set(report["counts"]) == {
+        "passed", "failed", "error", "unsupported", "environment", "xfailed", "not run"
+    }  # fmt: skip
     assert isinstance(report["suite_version"], str) and report["suite_version"]
     assert {"torch", "python", "backend", "device", "world_sizes"} <= set(report["environment"])
     assert report["environment"]["python"].count(".") == 2
@@ -204,3 +210,48 @@ def test_report_markdown_layout(run_suite: RunSuite) -> None:
     assert "### test_fake.test_clip: failed (CLIP-1)" in lines
     assert "pytest test_fake.py::test_clip" in md
     assert md.index("## Clauses") < md.index("## Failures") < md.index("assert (2 + 2) == 5")
+
+
+STOPPING = """
+import pytest
+
+@pytest.mark.clause("API-1")
+def test_fails():
+    assert False
+
+@pytest.mark.clause("API-2")
+def test_after():
+    pass
+"""
+
+
+def test_checks_a_stopped_session_never_reached_are_not_run(run_suite: RunSuite) -> None:
+    run = run_suite(STOPPING, "-x")
+    assert run.outcomes() == {"test_fake.test_fails": "failed", "test_fake.test_after": "not run"}
+    why = run.check("test_fake.test_after")["failure"]
+    assert why.startswith("the session stopped before this check"), why
+    assert run.report()["clauses"]["API-2"] == "not run"
+    assert "| API-2 | not run |" in run.markdown()
+    run.result.stdout.fnmatch_lines(["checks: 1 failed, 1 not run (2 checks, 2 clauses)"])
+
+
+@pytest.mark.parametrize("with_report", [True, False], ids=["report", "no-report"])
+def test_deselection_note_promises_a_list_only_where_one_is_written(
+    pytester: pytest.Pytester, with_report: bool
+) -> None:
+    pytester.makepyfile(test_fake=CLAUSED)
+    out = pytester.path / "out"
+    report_args = ["--conformance-report", str(out)] if with_report else []
+    result = pytester.runpytest(
+        *PLUGIN_ARGS, "-p", "no:cacheprovider", "--clauses", "NOPE-9", *report_args
+    )
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    text = result.stdout.str()
+    if with_report:
+        result.stdout.fnmatch_lines([f"deselected: 4 checks (listed in {out / 'report.json'})"])
+        selection = json.loads((out / "report.json").read_text())["selection"]
+        assert len(selection["deselected"]) == 4
+    else:
+        result.stdout.fnmatch_lines(["deselected: 4 checks (--conformance-report DIR lists them)"])
+        assert "listed in" not in text
+    result.stdout.fnmatch_lines(["--clauses: 'NOPE-9' matched no clause*"])

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from hypothesis.errors import Unsatisfiable
 
-from harness import api
+from harness import api, resources, sigterm
 from harness.attach.session import AttachError, info_from_env
 from harness.contract import (
     DEFAULT_FACTORY,
@@ -120,6 +120,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="KEY=VALUE",
         help="option passed to the factory in spec.extra (repeatable)",
     )
+    group.addoption(
+        "--allow-oversubscribe",
+        action="store_true",
+        default=False,
+        help=f"start --nproc ranks even beyond {resources.RANKS_PER_CORE} CPU ranks per core "
+        "or the memory available (refused by default)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -142,6 +149,9 @@ def pytest_configure(config: pytest.Config) -> None:
         nproc = config.getoption("nproc")
         if nproc is None:
             nproc = attach.world_size if attach is not None else api.default_nproc()
+        if attach is None and not config.getoption("allow_oversubscribe"):
+            backend = api.resolve_backend(config.getoption("backend"), nproc)
+            resources.check_world_size(nproc, backend)
         api.configure(
             nproc=nproc,
             backend=config.getoption("backend"),
@@ -153,6 +163,7 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     except (StrategyFactoryError, ValueError, AttachError) as exc:
         raise pytest.UsageError(str(exc)) from None
+    sigterm.install()
     if attach is None and not config.option.collectonly:
         api.warm_up()
 
@@ -183,6 +194,7 @@ def pytest_report_header(config: pytest.Config) -> str:
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Stop every pool and the forkserver: no process outlives the session."""
     api.shutdown(stop_forkserver=True)
+    sigterm.uninstall()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

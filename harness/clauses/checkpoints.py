@@ -137,6 +137,13 @@ CHECKPOINTS = Section(
             "A full checkpoint written by one family loads into the other family.",
         ),
         Clause(
+            "CKPT-SAVE-7",
+            "Saving changes nothing: after `save_checkpoint` the caller's `state` dict has the "
+            "same keys holding the same objects with the same values, the module's and the "
+            "optimizers' state are bitwise what they were, and training goes on exactly as it "
+            "would have without the save.",
+        ),
+        Clause(
             "CKPT-SEC-1",
             "Loading never unpickles arbitrary objects: files are read with "
             "`torch.load(weights_only=True)`, so metadata holds only tensors, numbers, strings "

@@ -1,0 +1,112 @@
+"""Contract section 5, CKPT-SAVE-7: saving a checkpoint changes nothing.
+
+One job per example builds two identical set-ups from the same scenario, trains both the same
+way, and saves only the first. Then the caller's ``state`` dict (keys, the very objects, the
+metadata's values) must be as it was, the gathered model and optimizer state must be bitwise
+what they were, and one more step must give bitwise what the twin that never saved gets.
+Every read of gathered state is done on both twins, so torch's lazy initialization of a
+never-stepped optimizer's state happens on both alike.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from suites._run import run
+from suites.checkpoint_checks import tree_diff
+from suites.checkpoint_jobs import build, path_for, read_state, train_plan
+from suites.checkpoint_plans import CkptPlan, ckpt_plans, examples, make_metadata, plain_metadata
+
+CLAUSE = "CKPT-SAVE-7"
+
+
+def _flags(model: Any) -> dict[str, Any]:
+    """What a save must not flip on the module: training mode and each ``requires_grad``."""
+    return {
+        "training": model.training,
+        "requires_grad": {n: p.requires_grad for n, p in model.named_parameters()},
+    }
+
+
+def _save_changes_nothing_rank(ctx: Any, plan: CkptPlan, directory: str) -> dict[str, Any]:
+    saver, twin = build(ctx, plan.save, plan.fmt), build(ctx, plan.save, plan.fmt)
+    train_plan(saver, plan.save)
+    train_plan(twin, plan.save)
+    state: dict[str, Any] = {
+        "model": saver.model,
+        "optimizer": saver.optimizer,
+        **make_metadata(plan.meta),
+    }
+    objects = dict(state)
+    meta_before = copy.deepcopy(plain_metadata({k: state[k] for k in _meta_keys(state)}))
+    flags_before = _flags(saver.model)
+    before, _ = read_state(saver), read_state(twin)
+    saver.strategy.save_checkpoint(path_for(directory, plan.fmt), state)
+    after, _ = read_state(saver), read_state(twin)
+    out = {
+        "keys": (sorted(objects), sorted(state)),
+        "replaced": sorted(k for k in objects if k in state and state[k] is not objects[k]),
+        "meta": (meta_before, plain_metadata({k: state[k] for k in _meta_keys(state)})),
+        "flags": (flags_before, _flags(saver.model)),
+        "state": (before, after),
+    }
+    train_plan(saver, plan.save, steps=1)
+    train_plan(twin, plan.save, steps=1)
+    out["next_step"] = (read_state(saver), read_state(twin))
+    saver.strategy.teardown()
+    twin.strategy.teardown()
+    return out
+
+
+def _meta_keys(state: dict[str, Any]) -> list[str]:
+    """The metadata entries of a ``state`` dict: everything but the module and optimizer."""
+    return sorted(k for k in state if k not in ("model", "optimizer"))
+
+
+def check_nothing_changed(plan: CkptPlan, out: dict[str, Any], rank: int) -> None:
+    """Every comparison of one rank, each failure naming CKPT-SAVE-7 and what changed."""
+    where = f"{CLAUSE}: rank {rank}, {plan.save.family} {plan.fmt} save"
+    keys_before, keys_after = out["keys"]
+    assert keys_after == keys_before, (
+        f"{where}: the caller's state dict had keys {keys_before} before the save and "
+        f"{keys_after} after it"
+    )
+    assert not out["replaced"], f"{where}: save_checkpoint replaced state{out['replaced']}"
+    found = tree_diff(out["meta"][1], out["meta"][0], "metadata")
+    assert found is None, f"{where}: the caller's metadata changed: {found}"
+    assert out["flags"][1] == out["flags"][0], (
+        f"{where}: the module's flags changed: {out['flags'][0]} before, {out['flags'][1]} after"
+    )
+    before, after = out["state"]
+    for part in ("model", "optim"):
+        found = tree_diff(after[part], before[part], part)
+        assert found is None, f"{where}: the gathered {part} state changed: {found}"
+    saved, never_saved = out["next_step"]
+    for part in ("model", "optim"):
+        found = tree_diff(saved[part], never_saved[part], part)
+        assert found is None, (
+            f"{where}: one step after the save differs from the same step of a twin that "
+            f"never saved: {found}"
+        )
+
+
+@pytest.mark.clause(CLAUSE)
+@pytest.mark.parametrize(
+    "family,fmt", [(f, m) for f in ("fsdp", "model_parallel") for m in ("full", "sharded")]
+)
+@examples(2)
+@given(data=st.data())
+def test_saving_changes_nothing(
+    family: str, fmt: str, data: st.DataObject, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    plan = data.draw(ckpt_plans(family, fmt, same_config=True), label="plan")
+    directory = tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp())
+    results = run(_save_changes_nothing_rank, plan, directory, world_size=plan.save.world_size)
+    for rank, out in enumerate(results):
+        check_nothing_changed(plan, out, rank)

@@ -1,11 +1,12 @@
 """pytest wiring for conformance: clause markers, outcomes, selection, strictness, the report.
 
 Loaded as its own plugin (entry point ``shardcheck_conformance``, or ``-p harness.conformance``).
-Every collected test is a *check* with a stable id (``<suite module>.<test>[<param id>]``) and
-the SPEC.md clauses of its ``@pytest.mark.clause(...)`` markers. Each check ends with one
-outcome (``passed``, ``failed``, ``error``, ``unsupported``, ``environment``, ``xfailed``,
-or ``not run`` for a check an interrupted or stopped session never reached); a deselected
-check is listed in the report's ``selection``.
+Every collected test is a *check* with a stable id (``<suite module>.<test>[<param id>]``)
+and the contract's clauses (:mod:`harness.clauses`, ``CONTRACT.md``) of its
+``@pytest.mark.clause(...)`` markers. Each check ends with one outcome (``passed``,
+``failed``, ``error``, ``unsupported``, ``environment``, ``xfailed``, or ``not run`` for a
+check an interrupted or stopped session never reached); a deselected check is listed in the
+report's ``selection``. ``--list-clauses`` prints the contract and exits.
 
 Modules: :mod:`~harness.conformance.checks` (ids, outcomes, the expected-failures file),
 :mod:`~harness.conformance.unsupported` (``Unsupported`` under pytest and Hypothesis),
@@ -38,8 +39,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--clauses",
         default=None,
         metavar="LIST",
-        help="run only checks declaring a matching SPEC clause: comma-separated ids or globs "
+        help="run only checks declaring a matching clause: comma-separated ids or globs "
         "(e.g. CKPT-RT-3,CLIP-1 or 'CKPT-*'); the others are deselected.",
+    )
+    group.addoption(
+        "--list-clauses",
+        action="store_true",
+        default=False,
+        help="print the contract's clauses (only those --clauses selects, if given) and exit.",
     )
     group.addoption(
         "--expected-failures",
@@ -66,7 +73,24 @@ def pytest_configure(config: pytest.Config) -> None:
     """Register the ``clause`` marker and this session's :class:`ConformancePlugin`."""
     config.addinivalue_line(
         "markers",
-        "clause(*ids): the SPEC.md clause ids this check verifies (e.g. 'CKPT-RT-3').",
+        "clause(*ids): the contract's clause ids this check verifies (e.g. 'CKPT-RT-3').",
     )
     if not config.pluginmanager.has_plugin(PLUGIN_NAME):
         config.pluginmanager.register(ConformancePlugin(config), PLUGIN_NAME)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> int | None:
+    """``--list-clauses``: print the contract (or the ``--clauses`` selection) and exit 0."""
+    if not config.getoption("list_clauses"):
+        return None
+    from harness.clauses import UnknownClauseError, select
+    from harness.clauses.markdown import render_listing
+
+    patterns = config.getoption("clauses")
+    try:
+        ids = select(patterns) if patterns else None
+    except UnknownClauseError as exc:
+        raise pytest.UsageError(f"--clauses: {exc}") from None
+    print(render_listing(ids), end="")
+    return 0

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.report.model import NO_CLAUSE, NOT_RUN, Report, clause_outcomes
+from harness.clauses import CLAUSES
+from harness.report.model import NO_CLAUSE, NOT_RUN, CheckResult, Report, clause_outcomes
 
 __all__ = ["render_markdown"]
 
@@ -51,6 +52,20 @@ def _header_lines(report: Report) -> list[str]:
     return lines
 
 
+def _clause_texts(failures: list[CheckResult]) -> list[str]:
+    """What each clause named by a failure requires, in contract order (ids the contract does
+    not have, from a third party's own suite, are listed without a text)."""
+    named = {c for check in failures for c in check.clauses}
+    if not named:
+        return []
+    ordered = [c for c in CLAUSES if c in named] + sorted(named - set(CLAUSES))
+    lines = ["", "## What the failing clauses require", ""]
+    for clause in ordered:
+        text = CLAUSES[clause].text if clause in CLAUSES else "(not a clause of CONTRACT.md)"
+        lines.append(f"- **{clause}**: {text}")
+    return lines
+
+
 def render_markdown(report: Report) -> str:
     """``report.md``: counts per outcome, the clause table, failures, then checks not run."""
     lines = _header_lines(report)
@@ -73,6 +88,7 @@ def render_markdown(report: Report) -> str:
         lines += [f"### {check.id}: {check.outcome} ({clauses})", ""]
         lines += [_fence(check.failure or "(no message)"), "", "Reproduce:", ""]
         lines += [_fence(check.reproducer), ""]
+    lines += _clause_texts(failures)
     not_run = [c for c in report.checks if c.outcome in ("unsupported", "environment", NOT_RUN)]
     if not_run:
         lines += ["", "## Checks that did not run (unsupported, environment, not run)", ""]

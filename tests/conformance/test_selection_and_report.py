@@ -204,7 +204,7 @@ def test_report_markdown_layout(run_suite: RunSuite) -> None:
     assert lines[0] == "# shardcheck conformance report"
     assert lines[2].startswith("**1 passed · 1 failed · 0 error · 0 unsupported")
     sections = [line for line in lines if line.startswith("## ")]
-    assert sections == ["## Clauses", "## Failures"]
+    assert sections == ["## Clauses", "## Failures", "## What the failing clauses require"]
     assert "| CLIP-1 | failed | 1 | test_fake.test_clip (failed) |" in lines
     assert "| API-1 | passed | 1 |  |" in lines
     assert "### test_fake.test_clip: failed (CLIP-1)" in lines

@@ -132,7 +132,10 @@ CONSTRUCTION = Section(
         Clause(
             "CFG-10",
             "An option the strategy cannot honour is refused at construction or set-up with an "
-            "error (or `Unsupported`) that names the option; it is never silently ignored.",
+            "error (or `Unsupported`) that names the option; it is never silently ignored. That "
+            "includes a `StrategySpec` field of the other family set to anything but its "
+            "default (an fsdp-only strategy given `data_parallel_size`) and an unknown key in "
+            "`spec.extra`.",
         ),
     ),
 )

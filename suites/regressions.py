@@ -2,11 +2,15 @@
 
 Suite tests add them with ``@example(...)`` so they run in every Hypothesis profile, in
 addition to the drawn examples (derandomized ``ci`` draws may miss a configuration). Each
-runs at world size 2.
+scenario runs at world size 2; a checkpoint plan saves and loads at the world sizes it names
+(a session without them reports the example as ``environment``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
+from suites.checkpoint_plans import CkptPlan
 from suites.models import BlockSpec, ModelSpec
 from suites.specs import ACSpec, FSDPConfig, MPConfig, OptimSpec, Scenario, TrainPlan, WrapSpec
 
@@ -14,8 +18,10 @@ __all__ = [
     "AC_BLOCKS",
     "CLIP_FSDP2",
     "CLIP_NO_SHARD",
+    "FULL_1X2_TO_2X2",
     "INIT_FSDP2",
     "INIT_NESTED",
+    "SHARDED_1X2_TO_2X2",
     "SYNC_NESTED",
     "SYNC_TIED_MIXED",
 ]
@@ -70,3 +76,23 @@ AC_BLOCKS = Scenario(
     OptimSpec("sgd"),
     TrainPlan(1),
 )
+
+#: a checkpoint saved at data-parallel 1 x tensor-parallel 2 and loaded at 2 x 2, with sizes
+#: that divide neither (hidden=3, ffn=2, tied, Scale): on the 2 x 2 mesh FSDP2 shards fc1's
+#: tensor-parallel row over the data-parallel dim (``_StridedShard(0, sf=2)``, 1 row and 0
+#: rows), and torch's full-state loader failed to scatter it (bare AssertionError in
+#: ``_StridedShard._shard_tensor``; issue 13). The sharded variant goes through the offline
+#: conversion, the full load, a sharded save on the 2 x 2 mesh and its load.
+_UNEVEN = ModelSpec(hidden=3, blocks=(BlockSpec(ffn=2),), vocab=4, out=4, tied=True, seed=11)
+FULL_1X2_TO_2X2 = CkptPlan(
+    save=Scenario(2, _UNEVEN, MPConfig(1, 2, "mlp"), OptimSpec("adam"), TrainPlan(1)),
+    fmt="full",
+    load=Scenario(
+        4,
+        dataclasses.replace(_UNEVEN, seed=12),
+        MPConfig(2, 2, "mlp"),
+        OptimSpec("adam", lr=0.2),
+        TrainPlan(1),
+    ),
+)
+SHARDED_1X2_TO_2X2 = dataclasses.replace(FULL_1X2_TO_2X2, fmt="sharded")

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from suites._run import run
@@ -48,6 +48,7 @@ from suites.checkpoint_plans import (
 )
 from suites.models import build_model, clean_name
 from suites.oracles import gathered_optim_state, gathered_state, named_optim_state
+from suites.regressions import FULL_1X2_TO_2X2
 from suites.specs import FSDPConfig, Scenario, WrapSpec
 
 CROSS = [
@@ -195,6 +196,7 @@ def _trainer_load_rank(ctx: Any, scenario: Scenario, path: str) -> dict[str, Any
 @pytest.mark.clause("CKPT-TRAINER-1", "CKPT-REKEY-2")
 @examples(2)
 @given(plan=ckpt_plans(fmt="full", reshard=True, min_steps=1).map(_unit_aligned))
+@example(plan=FULL_1X2_TO_2X2)
 def test_trainer_layout_with_two_optimizers(
     plan: CkptPlan, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from suites._run import run
@@ -26,6 +26,7 @@ from suites.checkpoint_checks import (
 )
 from suites.checkpoint_jobs import load_rank, path_for, save_rank
 from suites.checkpoint_plans import CkptPlan, ckpt_plans, examples
+from suites.regressions import SHARDED_1X2_TO_2X2
 
 #: (family, format, save world, load world): both families and formats, shrinking and growing
 RESHARD_CASES = [
@@ -69,6 +70,7 @@ def test_reshard_save_at_a_load_at_b(
 @pytest.mark.clause("CKPT-RT-4")
 @examples(3)
 @given(plan=ckpt_plans(fmt="sharded", reshard=True))
+@example(plan=SHARDED_1X2_TO_2X2)
 def test_sharded_converted_offline_loads_and_resaves_equal(
     plan: CkptPlan, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

@@ -27,6 +27,7 @@ from reference_impl.checkpoint.files import (
     safe_torch_load,
     write_file_atomically,
 )
+from reference_impl.checkpoint.local_shards import holds_dtensors, shard_model_state
 from reference_impl.checkpoint.optimizers import (
     load_optimizer_states,
     optimizer_param_names,
@@ -113,12 +114,16 @@ def load_full_model(
         strict: Raise ``KeyError`` on a missing or unexpected key; else load what is there.
         where: How error messages name the entry.
     """
-    expected = read_model_state(model, full=False).keys()
-    keys = check_model_keys(expected, model_sd.keys(), strict=strict, where=where)
+    sharded = read_model_state(model, full=False)
+    keys = check_model_keys(sharded.keys(), model_sd.keys(), strict=strict, where=where)
+    if holds_dtensors(model):  # cut locally: see [Note: full state onto strided shards]
+        to_load = shard_model_state(model_sd, sharded, list(sharded))
+        set_model_state_dict(model, to_load, options=StateDictOptions(strict=strict))
+        return
     to_load = {k: model_sd[k] for k in keys}
-    if len(keys) < len(expected):  # keep the missing ones: load their current values
+    if len(keys) < len(sharded):  # keep the missing ones: load their current values
         current = read_model_state(model, full=True, rank0_only=False)
-        to_load = {k: to_load[k] if k in to_load else current[k] for k in expected}
+        to_load = {k: to_load[k] if k in to_load else current[k] for k in sharded}
     options = StateDictOptions(full_state_dict=True, strict=strict)
     set_model_state_dict(model, to_load, options=options)
 

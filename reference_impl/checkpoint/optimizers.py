@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.optim import Optimizer
 
+from reference_impl.checkpoint.local_shards import holds_dtensors, shard_optimizer_state
 from reference_impl.checkpoint.state import finish_optimizer_load, state_dict_options
 
 __all__ = ["CombinedOptimizer", "load_optimizer_states", "read_optimizer_states"]
@@ -189,6 +190,9 @@ def load_optimizer_states(
     """
     if not optimizers:
         return
+    if full and holds_dtensors(module):  # see [Note: full state onto strided shards]
+        osds = [shard_optimizer_state(module, osd) for osd in osds]
+        full = False
     if _combine(module, optimizers):
         combined = CombinedOptimizer(optimizers)
         merged: dict[str, Any] = {

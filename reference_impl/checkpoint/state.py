@@ -29,6 +29,7 @@ from torch.optim import Optimizer
 
 __all__ = [
     "StateEntries",
+    "clean_name",
     "finish_optimizer_load",
     "is_sharded_module",
     "is_stateful",
@@ -208,7 +209,8 @@ def read_model_state(module: nn.Module, *, full: bool, rank0_only: bool = True) 
 _WRAPPER_SEGMENTS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"})
 
 
-def _clean_name(name: str) -> str:
+def clean_name(name: str) -> str:
+    """``name`` without the segments wrappers add (FSDP1, activation checkpointing, compile)."""
     return ".".join(part for part in name.split(".") if part not in _WRAPPER_SEGMENTS)
 
 
@@ -232,7 +234,7 @@ def finish_optimizer_load(module: nn.Module, optimizer: Optimizer, osd: Mapping[
     listed = {name for group in groups for name in group.get("params", [])}
     saved = set(osd.get("state", {}))
     for name, param in module.named_parameters():
-        name = _clean_name(name)
+        name = clean_name(name)
         if name in listed and name not in saved:
             optimizer.state.pop(param, None)
     for group, saved_group in zip(optimizer.param_groups, groups, strict=True):

@@ -137,6 +137,14 @@ CHECKPOINTS = Section(
             "A full checkpoint written by one family loads into the other family.",
         ),
         Clause(
+            "CKPT-SAVE-6",
+            "Saves are atomic: when a save fails part-way (a write error on a writing rank, an "
+            "exception on one rank during a sharded save, a rank that dies while writing), "
+            "what was at the path before (a full file or a sharded directory) is still there "
+            "unchanged and loads, and nothing partial is left at the path or beside it. A "
+            "failure the ranks survive is raised by `save_checkpoint` on every rank.",
+        ),
+        Clause(
             "CKPT-SAVE-7",
             "Saving changes nothing: after `save_checkpoint` the caller's `state` dict has the "
             "same keys holding the same objects with the same values, the module's and the "

@@ -1,0 +1,159 @@
+"""Contract section 5, CKPT-SAVE-6: a save that fails part-way loses nothing.
+
+Real faults, no mocks. Each example runs three jobs on the same path:
+
+1. save an *old* checkpoint and read its gathered state;
+2. train one more step and save again while one rank cannot write: its file-size limit
+   (``RLIMIT_FSIZE``) drops to one byte for the duration of ``save_checkpoint``. With
+   ``SIGXFSZ`` ignored its writes fail with ``EFBIG`` (*write error*: rank 0 for a full
+   checkpoint, the last rank for a sharded one); with ``SIGXFSZ`` at its default action the
+   kernel kills the rank in the middle of writing its shard (*rank killed*; the harness
+   reports the crash and starts fresh ranks);
+3. in fresh ranks, load the path into new objects.
+
+The old checkpoint must still be there byte for byte, nothing else may be left beside it (no
+partial file or directory), it must load and equal the old state, and a write error must be
+reported by the save on every rank (a save that failed and returned normally loses data
+silently).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from harness import RankFailure
+from suites._run import run
+from suites.checkpoint_checks import assert_same_model, assert_same_optim, files_digest
+from suites.checkpoint_jobs import build, path_for, read_state, train_plan
+from suites.checkpoint_plans import CkptPlan, ckpt_plans, examples, fresh_metadata, make_metadata
+
+CLAUSE = "CKPT-SAVE-6"
+CASES = [
+    ("full", "write_error"),
+    ("sharded", "write_error"),
+    ("sharded", "rank_killed"),
+]
+
+
+@contextmanager
+def _cannot_write(kill: bool) -> Iterator[None]:
+    """This process may write no byte more; with ``kill`` the kernel kills it when it tries."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    core = resource.getrlimit(resource.RLIMIT_CORE)
+    action = signal.signal(signal.SIGXFSZ, signal.SIG_DFL if kill else signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, core[1]))  # a killed rank leaves no core file
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        resource.setrlimit(resource.RLIMIT_CORE, core)
+        signal.signal(signal.SIGXFSZ, action)
+
+
+def faulty_rank(fmt: str, world_size: int) -> int:
+    """The rank that cannot write: rank 0 writes a full file, every rank writes its shard."""
+    return 0 if fmt == "full" else world_size - 1
+
+
+def _save_old_rank(ctx: Any, plan: CkptPlan, path: str) -> dict[str, Any]:
+    t = build(ctx, plan.save, plan.fmt)
+    train_plan(t, plan.save)
+    t.strategy.save_checkpoint(
+        path, {"model": t.model, "optimizer": t.optimizer, **make_metadata(plan.meta)}
+    )
+    saved = read_state(t)
+    t.strategy.teardown()
+    return saved
+
+
+def _faulty_save_rank(ctx: Any, plan: CkptPlan, path: str, fault: str) -> str:
+    t = build(ctx, plan.save, plan.fmt)
+    train_plan(t, plan.save)
+    train_plan(t, plan.save, steps=1)  # the new checkpoint would differ from the old one
+    state = {"model": t.model, "optimizer": t.optimizer, **make_metadata(plan.meta)}
+    faulty = ctx.rank == faulty_rank(plan.fmt, ctx.world_size)
+    try:
+        with _cannot_write(kill=fault == "rank_killed") if faulty else nullcontext():
+            t.strategy.save_checkpoint(path, state)
+    except BaseException as exc:  # CheckpointException is a BaseException
+        return f"{type(exc).__name__}: {str(exc)[:200]}"
+    finally:
+        t.strategy.teardown()
+    return "no error"
+
+
+def _load_rank(ctx: Any, plan: CkptPlan, path: str) -> dict[str, Any]:
+    f = build(ctx, plan.load, plan.fmt)
+    state = {"model": f.model, "optimizer": f.optimizer, **fresh_metadata(plan.requested)}
+    f.strategy.load_checkpoint(path, state)
+    loaded = read_state(f)
+    f.strategy.teardown()
+    return loaded
+
+
+def _faulty_save(plan: CkptPlan, path: str, fault: str, where: str) -> list[str]:
+    """Run the faulty save; the errors each rank saw (``[]`` when a rank was killed)."""
+    world = plan.save.world_size
+    try:
+        errors = run(_faulty_save_rank, plan, path, fault, world_size=world)
+    except RankFailure as failure:
+        killed = failure.outcomes[faulty_rank(plan.fmt, world)]
+        assert fault == "rank_killed" and killed.kind == "crashed", (
+            f"{where}: the faulty save did not end as expected ({fault}):\n{failure}"
+        )
+        return []
+    assert fault == "write_error", (
+        f"{where}: rank {faulty_rank(plan.fmt, world)} was to be killed by SIGXFSZ while "
+        f"writing, but every rank finished: the save wrote nothing on that rank? {errors}"
+    )
+    quiet = [rank for rank, error in enumerate(errors) if error == "no error"]
+    assert not quiet, (
+        f"{where}: the save failed to write on rank {faulty_rank(plan.fmt, world)} but "
+        f"returned normally on rank(s) {quiet}: a failed save must raise on every rank "
+        f"(errors seen: {errors})"
+    )
+    return errors
+
+
+@pytest.mark.clause(CLAUSE)
+@pytest.mark.parametrize("family", ["fsdp", "model_parallel"])
+@pytest.mark.parametrize("fmt,fault", CASES, ids=[f"{m}-{f}" for m, f in CASES])
+@examples(1)
+@given(data=st.data())
+def test_failed_save_keeps_the_old_checkpoint(
+    family: str,
+    fmt: str,
+    fault: str,
+    data: st.DataObject,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    plan = data.draw(ckpt_plans(family, fmt, same_config=True, min_steps=1), label="plan")
+    directory = Path(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()))
+    path = path_for(str(directory), fmt)
+    where = f"{CLAUSE}: {family} {fmt} save, {fault.replace('_', ' ')}"
+    old = run(_save_old_rank, plan, path, world_size=plan.save.world_size)
+    digest, listing = files_digest(path), sorted(os.listdir(directory))
+
+    _faulty_save(plan, path, fault, where)
+
+    left = sorted(os.listdir(directory))
+    assert left == listing, f"{where}: the directory held {listing} before, {left} after"
+    found = files_digest(path) if os.path.exists(path) else {}
+    changed = sorted(k for k in digest.keys() | found.keys() if digest.get(k) != found.get(k))
+    assert not changed, f"{where}: the old checkpoint changed on disk: {changed}"
+    loaded = run(_load_rank, plan, path, world_size=plan.load.world_size)
+    for rank, (was, now) in enumerate(zip(old, loaded, strict=True)):
+        assert_same_model(now["model"], was["model"], clause=CLAUSE, where=f"{where}, rank {rank}")
+        assert_same_optim(now["optim"], was["optim"], clause=CLAUSE, where=f"{where}, rank {rank}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ import reference_impl
 from harness.contract import StrategySpec
 
 __all__ = [
+    "deletes_old_checkpoint_first",
+    "drops_saved_metadata",
     "ignores_metadata",
     "local_shard_optimizer",
     "rekeys_in_parameters_order",
@@ -160,6 +163,35 @@ class SkipsFullOptimizer:
         return {k: v for k, v in returned.items() if k not in state}
 
 
+class DropsSavedMetadata:
+    """After saving, removes the metadata entries it wrote from the caller's ``state`` (a save
+    that pops entries while building its file)."""
+
+    def save_checkpoint(
+        self, path: Any, state: dict, storage_options: Any = None, filter: Any = None
+    ) -> None:
+        super().save_checkpoint(path, state, storage_options, filter)  # type: ignore[misc]
+        for key in [k for k, v in state.items() if not isinstance(v, nn.Module)]:
+            if not _is_optimizer(state[key]):
+                del state[key]
+
+
+class DeletesOldCheckpointFirst:
+    """Removes what is at the path, then writes the new checkpoint there: a write that fails
+    loses the old checkpoint and the new one (how several trainers save)."""
+
+    def save_checkpoint(
+        self, path: Any, state: dict, storage_options: Any = None, filter: Any = None
+    ) -> None:
+        target = Path(path)
+        if dist.get_rank() == 0 and target.is_dir():
+            shutil.rmtree(target)
+        elif dist.get_rank() == 0 and target.exists():
+            target.unlink()
+        dist.barrier()
+        super().save_checkpoint(path, state, storage_options, filter)  # type: ignore[misc]
+
+
 def local_shard_optimizer(spec: StrategySpec) -> Any:
     """Factory: :class:`LocalShardOptimizer` (breaks CKPT-RT-3)."""
     return _with_bug(spec, LocalShardOptimizer)
@@ -183,3 +215,13 @@ def rekeys_in_parameters_order(spec: StrategySpec) -> Any:
 def skips_optimizer_in_full_format(spec: StrategySpec) -> Any:
     """Factory: :class:`SkipsFullOptimizer` (breaks CKPT-RT-1)."""
     return _with_bug(spec, SkipsFullOptimizer)
+
+
+def drops_saved_metadata(spec: StrategySpec) -> Any:
+    """Factory: :class:`DropsSavedMetadata` (breaks CKPT-SAVE-7)."""
+    return _with_bug(spec, DropsSavedMetadata)
+
+
+def deletes_old_checkpoint_first(spec: StrategySpec) -> Any:
+    """Factory: :class:`DeletesOldCheckpointFirst` (breaks CKPT-SAVE-6)."""
+    return _with_bug(spec, DeletesOldCheckpointFirst)

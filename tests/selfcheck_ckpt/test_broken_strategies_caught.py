@@ -21,6 +21,8 @@ BROKEN = {
     "strict_false_raises_on_missing_keys": "CKPT-STRICT-2",
     "rekeys_in_parameters_order": "CKPT-REKEY-1",
     "skips_optimizer_in_full_format": "CKPT-RT-1",
+    "drops_saved_metadata": "CKPT-SAVE-7",
+    "deletes_old_checkpoint_first": "CKPT-SAVE-6",
 }
 
 

@@ -3,12 +3,15 @@
 # (one GPU each) with the Hypothesis "nightly" profile (its example database lives in
 # .hypothesis/, which the workflow keeps between runs), then Lightning Fabric's strategies
 # through the adapter. Lightning's nonconforming checks are findings, not a failure of the job.
-# Then attach mode under torchrun and coverage across ranks. Not yet run on a GPU machine:
-# see README "Status and limits".
+# Then attach mode under torchrun, coverage across ranks, and the torch matrix (the suites with
+# each tested torch version, reports compared). Not yet run on a GPU machine: see README
+# "Status and limits".
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# On GPU runners point pip at a CUDA build of the same torch version, e.g.
-#   TORCH_SPEC="torch==2.13.0" PIP_INDEX_URL=<your CUDA wheel index> bash ci/nightly.sh
+# CUDA builds of torch (ci/install.sh and ci/torch_matrix.sh install the CPU build otherwise);
+# for another CUDA version point pip at its wheel index:
+#   PIP_INDEX_URL=<your CUDA wheel index> bash ci/nightly.sh
+export SHARDCHECK_TORCH=${SHARDCHECK_TORCH:-cuda}
 bash ci/install.sh
 # shellcheck disable=SC1091
 . "${VENV:-.venv}/bin/activate"
@@ -29,3 +32,5 @@ if ! python -m pytest suites/ --nproc "$nproc" --backend nccl --hypothesis-profi
     --strategy harness.adapters.lightning:make_strategy --conformance-report reports/nightly-lightning; then
     echo "Lightning adapter run: nonconforming checks, see reports/nightly-lightning/report.md"
 fi
+# the torch matrix: every tested torch version in its own venv, reports diffed (ci profile)
+SHARDCHECK_NPROC=$nproc bash ci/torch_matrix.sh --backend nccl --hypothesis-profile=ci

@@ -37,9 +37,10 @@ __all__ = [
 
 #: CPU ranks allowed per usable core.
 RANKS_PER_CORE = 4
-#: Memory one rank may reach over a suites run (torch, the FSDP/DTensor modules and the
-#: jobs' tensors), with room: see README "Options" for the measured peak.
-RANK_MEMORY_MB = 200
+#: Memory one rank may take over a suites run (its share of torch's libraries, the FSDP and
+#: DTensor modules, the jobs' tensors): 4 ranks with torch 2.14.1 held up to 9 ranks and their
+#: forkserver at 1.8 GiB in all, about 180 MiB each (README "Options").
+RANK_MEMORY_MB = 250
 #: Ranks alive at once per ``--nproc``: the largest pool plus the pools of smaller sizes.
 POOLED_RANKS = 2
 

@@ -3,6 +3,7 @@ nightly promises (NCCL, nightly profile, Hypothesis database artifact, reports, 
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -59,6 +60,66 @@ def test_nightly_keeps_the_database_and_uploads_reports() -> None:
     assert "--backend nccl" in nightly and "--hypothesis-profile=nightly" in nightly
     assert "harness.adapters.lightning:make_strategy" in nightly
     assert "ci/attach.sh" in nightly and "ci/coverage.sh" in nightly
+    assert "bash ci/torch_matrix.sh" in nightly
+    assert "SHARDCHECK_TORCH=${SHARDCHECK_TORCH:-cuda}" in nightly  # not the CPU default
+
+
+def test_torch_matrix_installs_each_version_apart_and_diffs_the_reports() -> None:
+    matrix = (ROOT / "ci" / "torch_matrix.sh").read_text()
+    assert "2.13.0 2.14.1" in matrix  # the versions README.md lists as tested
+    assert ".venv-torch-$version" in matrix and "bash ci/install.sh" in matrix
+    assert "python -m harness.report diff" in matrix
+    assert "--conformance-strict" in matrix
+    ignored = subprocess.run(
+        ["git", "check-ignore", "-q", ".venv-torch-2.14.1/bin/python"], cwd=ROOT, check=False
+    )
+    assert ignored.returncode == 0, ".venv-torch-* must be git-ignored"
+    readme = (ROOT / "README.md").read_text()
+    assert "**2.13.0**" in readme and "**2.14.1**" in readme
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert '"torch>=2.13"' in pyproject  # the oldest version in the matrix
+
+
+def _torch_command(**env: str) -> str:
+    """What ci/install.sh prints about torch in a dry run (it makes nothing)."""
+    done = subprocess.run(
+        ["bash", str(ROOT / "ci" / "install.sh")],
+        env={"PATH": os.environ["PATH"], "SHARDCHECK_DRY_RUN": "1", **env},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_install_takes_torch_from_the_cpu_index_when_it_answers(tmp_path: Path) -> None:
+    index = tmp_path / "cpu-index"
+    (index / "torch").mkdir(parents=True)
+    out = _torch_command(TORCH_CPU_INDEX=f"file://{index}")
+    assert f"pip install --quiet torch==2.13.0 --index-url file://{index}" in out
+    out = _torch_command(TORCH_CPU_INDEX=f"file://{index}", SHARDCHECK_TORCH="cuda")
+    assert out.strip().endswith("pip install --quiet torch==2.13.0"), out
+
+
+def test_install_falls_back_to_the_plain_pin_when_the_index_does_not_answer(
+    tmp_path: Path,
+) -> None:
+    out = _torch_command(TORCH_CPU_INDEX=f"file://{tmp_path}/missing", TORCH_VERSION="2.14.1")
+    assert "does not answer: installing torch==2.14.1 as pip is configured" in out
+    assert out.strip().endswith("pip install --quiet torch==2.14.1"), out
+
+
+def test_install_refuses_an_unknown_torch_flavour() -> None:
+    done = subprocess.run(
+        ["bash", str(ROOT / "ci" / "install.sh")],
+        env={"PATH": os.environ["PATH"], "SHARDCHECK_TORCH": "rocm"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "SHARDCHECK_TORCH=rocm: use cpu (the default) or cuda" in done.stderr
 
 
 def test_every_change_runs_the_readme_test_command() -> None:

@@ -24,11 +24,15 @@ import torch
 
 from harness.attach.session import AttachInfo
 from harness.contract import DEFAULT_FACTORY, Unsupported
+from harness.deadlines import Deadlines, current_check
 from harness.fnref import fn_ref_of
 from harness.launch import forkserver_context
-from harness.outcomes import Outcome, RankFailure, format_story
+from harness.outcomes import Outcome
 from harness.pool import PoolSettings, RankPool
-from harness.protocol import Job
+from harness.protocol import FnRef, Job
+from harness.rankwarnings import COLLECTED
+from harness.shrinking import shrink_once
+from harness.verdicts import CollectiveDesync, CollectiveHang, failure_for
 from harness.worker import pg_timeout_for
 
 if TYPE_CHECKING:
@@ -72,13 +76,17 @@ class HarnessConfig:
     Args:
         nproc: the largest world size a job may use (``--nproc``).
         backend: ``auto``, ``gloo`` or ``nccl`` (``--backend``).
-        rank_timeout: default job deadline in seconds (``--rank-timeout``).
+        rank_timeout: the largest job deadline in seconds (``--rank-timeout``); jobs get
+            deadlines learned from their check's passing jobs below it.
         strategy: the strategy factory, ``module:callable`` (``--strategy``).
         strategy_options: ``--strategy-option`` values, passed in ``spec.extra``.
         threads: torch intra-op threads per rank.
         failure_grace: seconds the other ranks get to finish after one rank failed.
         attach: the torchrun run this controller drives (attach mode), else ``None``.
         shared_dir: where job directories go (``--shared-dir``; required on several nodes).
+        check_collectives: check every job's collectives across ranks
+            (``--check-collectives``); otherwise only a failed job's replay and the rest of
+            its check are checked (:mod:`harness.collectives`).
     """
 
     nproc: int = field(default_factory=default_nproc)
@@ -92,6 +100,7 @@ class HarnessConfig:
     failure_grace: float = 3.0
     attach: AttachInfo | None = None
     shared_dir: str | None = None
+    check_collectives: bool = False
 
 
 _config = HarnessConfig()
@@ -100,6 +109,8 @@ _root: str | None = None
 _job_ids = itertools.count(1)
 _sink: OutputSink | None = None
 _unavailable: str | None = None  # why the last job was refused for its world size
+_deadlines = Deadlines(ceiling=_config.rank_timeout)
+_checked_check: str | None = None  # the check whose jobs run with collective checking
 
 
 def configure(**changes: Any) -> HarnessConfig:
@@ -127,7 +138,14 @@ def configure(**changes: Any) -> HarnessConfig:
         )
     shutdown()
     _config = new
+    _reset_learning()
     return new
+
+
+def _reset_learning() -> None:
+    global _deadlines, _checked_check
+    _deadlines = Deadlines(ceiling=_config.rank_timeout)
+    _checked_check = None
 
 
 def _check_attach(config: HarnessConfig) -> None:
@@ -267,6 +285,7 @@ def _pool_settings(world_size: int, backend: str, **extra: Any) -> PoolSettings:
         pg_timeout=pg_timeout_for(_config.rank_timeout),
         threads=_config.threads,
         failure_grace=_config.failure_grace,
+        check_collectives=_config.check_collectives,
         **extra,
     )
 
@@ -313,15 +332,16 @@ def take_unavailable_reason() -> str | None:
     return reason
 
 
-def _check_timeout(timeout: Any) -> float:
+def _check_timeout(timeout: Any, check: str, fn: str) -> float:
     if timeout is None:
-        return _config.rank_timeout
+        return _deadlines.deadline(check, fn)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise TypeError(f"run_on_ranks(timeout={timeout!r}): expected seconds as a number.")
     if not timeout > 0:
         raise ValueError(
             f"run_on_ranks(timeout={timeout}): must be a positive number of seconds "
-            f"(or None for --rank-timeout={_config.rank_timeout})."
+            "(or None for a deadline learned from the check's passing jobs, at most "
+            f"--rank-timeout={_config.rank_timeout})."
         )
     return float(timeout)
 
@@ -345,19 +365,47 @@ def run_on_ranks(
         fn: a module-level function of an importable module or of a collected test file.
         *args: picklable arguments, the same for every rank.
         world_size: number of ranks (at most ``--nproc``).
-        timeout: the job deadline in seconds; ``None`` means ``--rank-timeout``.
+        timeout: the job deadline in seconds; ``None`` means one learned from this check's
+            passing jobs (:mod:`harness.deadlines`), at most ``--rank-timeout``.
 
     Raises:
         RankFailure: a rank raised, crashed or hung; the message tells every rank's story.
+            A job that hung or broke a collective is replayed once with collective
+            checking (as are the check's later jobs): ranks in mismatched collectives raise
+            :class:`~harness.verdicts.CollectiveDesync`, ranks left waiting in one
+            :class:`~harness.verdicts.CollectiveHang`.
         Unsupported: every rank raised ``Unsupported`` (the strategy refused the config).
         TypeError, ValueError: bad arguments (named in the message).
     """
+    global _checked_check
     __tracebackhide__ = True
     ref = fn_ref_of(fn)
     size = _check_world_size(world_size)
-    deadline = _check_timeout(timeout)
+    check = current_check(str(ref))
+    deadline = _check_timeout(timeout, check, str(ref))
     blob = _pickle_args(args)
     pool = pool_for(size)
+    checked = _use_checking(pool, check)
+    outcomes, what = _run_job(pool, ref, blob, deadline, size)
+    if not checked and _worth_replaying(outcomes) and _can_check(pool):
+        _checked_check = check  # the replay and the rest of this check run checked
+        _use_checking(pool, check)
+        outcomes, what = _run_job(pool, ref, blob, deadline, size)
+        what += " (replayed with collective checking)"
+    _deadlines.learn(check, str(ref), outcomes)
+    if all(o.ok for o in outcomes):
+        return [o.value for o in outcomes]
+    if all(isinstance(o.exception, Unsupported) for o in outcomes):
+        raise outcomes[0].exception  # type: ignore[misc]
+    failure = failure_for(outcomes, what)
+    if isinstance(failure, (CollectiveDesync, CollectiveHang)):
+        shrink_once()  # one bug whatever the example's size: shrink it once
+    raise failure
+
+
+def _run_job(
+    pool: RankPool | AttachedPool, ref: FnRef, blob: bytes, deadline: float, size: int
+) -> tuple[list[Outcome], str]:
     job_id = next(_job_ids)
     tmp_dir = os.path.join(_session_root(), "jobs", f"job-{job_id}")
     job = Job(ref, blob, deadline, tmp_dir, _config.strategy, dict(_config.strategy_options))
@@ -368,18 +416,41 @@ def run_on_ranks(
         if os.path.isdir(tmp_dir):
             shutil.rmtree(tmp_dir, ignore_errors=True)
     _publish(outcomes)
-    if all(o.ok for o in outcomes):
-        return [o.value for o in outcomes]
-    if all(isinstance(o.exception, Unsupported) for o in outcomes):
-        raise outcomes[0].exception  # type: ignore[misc]
-    raise RankFailure(format_story(outcomes, what), outcomes)
+    return outcomes, what
+
+
+def _can_check(pool: RankPool | AttachedPool) -> bool:
+    return isinstance(pool, RankPool)
+
+
+def _use_checking(pool: RankPool | AttachedPool, check: str) -> bool:
+    """Put the pool in the checking mode this check needs; return whether it checks."""
+    want = _config.check_collectives or check == _checked_check
+    if isinstance(pool, RankPool):
+        pool.set_checking(want)
+        return want
+    return False
+
+
+def _worth_replaying(outcomes: Sequence[Outcome]) -> bool:
+    """A hang or a broken collective: what collective checking may name (a rank left alone
+    in a collective may be one whose peers passed a mismatched one: gloo lets an all_reduce
+    of other shapes through on one side). Not a crash: it is named already (rank, signal,
+    fatal error dump), and its peers' broken collectives follow from it."""
+    if any(o.kind == "crashed" for o in outcomes):
+        return False
+    return any(
+        o.kind == "hung" or (o.error is not None and o.error.is_distributed) or o.collective_error
+        for o in outcomes
+    )
 
 
 def _publish(outcomes: Sequence[Outcome]) -> None:
+    COLLECTED.add(outcomes)
     if not any(o.stdout or o.stderr or o.warnings for o in outcomes):
         return
     if _sink is not None:
-        _sink(outcomes)
+        _sink(outcomes)  # warnings: counted for the session's summary instead
         return
     for o in outcomes:
         for text, stream in ((o.stdout, sys.stdout), (o.stderr + o.warnings, sys.stderr)):

@@ -24,7 +24,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-__all__ = ["Baseline", "OutputCapture", "capture_warnings", "cross_rank_state"]
+__all__ = [
+    "Baseline",
+    "OutputCapture",
+    "capture_warnings",
+    "cross_rank_state",
+    "format_warnings",
+    "warning_records",
+]
 
 JOB_SEED = 0
 
@@ -128,6 +135,13 @@ def capture_warnings() -> Iterator[list[warnings.WarningMessage]]:
         warnings.filterwarnings("always", category=DeprecationWarning)
         warnings.filterwarnings("always", category=PendingDeprecationWarning)
         yield records
+
+
+def warning_records(
+    records: list[warnings.WarningMessage],
+) -> tuple[tuple[str, str, str, int], ...]:
+    """The recorded warnings as ``(category, message, filename, lineno)`` tuples."""
+    return tuple((w.category.__name__, str(w.message), w.filename, w.lineno) for w in records)
 
 
 def format_warnings(records: list[warnings.WarningMessage]) -> str:

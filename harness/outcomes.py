@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from harness.collectives import Collective
 from harness.protocol import ErrorReport, Result
 
 __all__ = [
@@ -71,6 +72,12 @@ class Outcome:
         stdout: what the rank wrote to stdout during the job.
         stderr: what the rank wrote to stderr during the job.
         warnings: warnings the rank emitted during the job, formatted.
+        collective: the collective the rank entered when the ranks' collectives did not
+            match (``raised``), or the one it waits in (``hung``), when known.
+        warning_records: the warnings as ``(category, message, filename, lineno)``.
+        collective_error: the first error a c10d collective raised in the job, also one
+            the job caught and went on from.
+        trace: the rank's last collectives from NCCL's flight recorder, oldest first.
     """
 
     rank: int
@@ -84,6 +91,10 @@ class Outcome:
     stdout: str = ""
     stderr: str = ""
     warnings: str = ""
+    collective: Collective | None = None
+    warning_records: tuple[tuple[str, str, str, int], ...] = ()
+    collective_error: str = ""
+    trace: str = ""
 
     @property
     def ok(self) -> bool:
@@ -123,7 +134,8 @@ class Outcome:
             else:
                 how = f"process exited with code {self.exitcode}"
             return f"rank {self.rank} crashed: {how}{when}"
-        return f"rank {self.rank} hung: {self.detail}"
+        waits = f"; waits in {self.collective.describe()}" if self.collective else ""
+        return f"rank {self.rank} hung: {self.detail}{waits}"
 
     def story(self) -> str:
         """The headline followed by the traceback, stacks and stderr tail that explain it."""
@@ -133,6 +145,8 @@ class Outcome:
         if self.stacks:
             label = "Python stacks" if self.kind == "hung" else "fatal error dump"
             parts.append(_indent(f"{label}:\n{self.stacks}"))
+        if self.trace:
+            parts.append(_indent(f"NCCL flight recorder (last collectives):\n{self.trace}"))
         if self.kind in ("crashed", "hung") and self.stderr.strip():
             tail = "\n".join(self.stderr.rstrip().splitlines()[-_TAIL_LINES:])
             parts.append(_indent(f"stderr (last lines):\n{tail}"))
@@ -220,7 +234,11 @@ def outcome_from_error(rank: int, report: ErrorReport, elapsed: float) -> Outcom
     error = RemoteError(
         report.type_name, report.message, report.traceback, exception, report.is_distributed
     )
-    return Outcome(rank, "raised", error=error, elapsed=elapsed, warnings=report.warnings)
+    outcome = Outcome(rank, "raised", error=error, elapsed=elapsed, warnings=report.warnings)
+    outcome.collective = report.desync
+    outcome.warning_records = report.warning_records
+    outcome.collective_error = report.collective_error
+    return outcome
 
 
 def outcome_from_result(rank: int, result: Result, elapsed: float) -> Outcome:
@@ -230,5 +248,9 @@ def outcome_from_result(rank: int, result: Result, elapsed: float) -> Outcome:
     except Exception as exc:
         message = f"the controller could not unpickle rank {rank}'s return value: {exc}"
         error = RemoteError(type(exc).__qualname__, message, "", None)
-        return Outcome(rank, "raised", error=error, elapsed=elapsed, warnings=result.warnings)
-    return Outcome(rank, "ok", value=value, elapsed=elapsed, warnings=result.warnings)
+        outcome = Outcome(rank, "raised", error=error, elapsed=elapsed, warnings=result.warnings)
+    else:
+        outcome = Outcome(rank, "ok", value=value, elapsed=elapsed, warnings=result.warnings)
+    outcome.warning_records = result.warning_records
+    outcome.collective_error = result.collective_error
+    return outcome

@@ -9,7 +9,8 @@ needed by attach mode across nodes). Under ``python -m harness.attach`` (torchru
 drives torchrun's ranks instead of starting its own (:mod:`harness.attach`). Hypothesis
 profiles ``ci``, ``dev`` (the default) and ``nightly`` are registered when this module is
 imported, before Hypothesis' own ``--hypothesis-profile`` option loads one. Each rank's output
-of a job is attached to the test's report as sections ``rank N stdout``/``stderr``/``warnings``.
+of a job is attached to the test's report as sections ``rank N stdout``/``stderr``; rank
+warnings are counted once per distinct warning and shown in one summary at the end.
 Pools stop at the end of the session (also after Ctrl-C and ``-x``).
 """
 
@@ -32,6 +33,7 @@ from harness.contract import (
     parse_strategy_options,
 )
 from harness.outcomes import Outcome
+from harness.rankwarnings import pytest_terminal_summary  # noqa: F401 (the warnings summary)
 
 __all__ = ["register_hypothesis_profiles"]
 
@@ -121,6 +123,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="option passed to the factory in spec.extra (repeatable)",
     )
     group.addoption(
+        "--check-collectives",
+        action="store_true",
+        default=False,
+        help="check every job's collectives across ranks (torch's ProcessGroupWrapper; "
+        "slower). Without it only a job that hung or broke a collective is "
+        "replayed with checking, and the rest of its check runs checked",
+    )
+    group.addoption(
         "--allow-oversubscribe",
         action="store_true",
         default=False,
@@ -160,6 +170,7 @@ def pytest_configure(config: pytest.Config) -> None:
             strategy_options=options,
             attach=attach,
             shared_dir=config.getoption("shared_dir"),
+            check_collectives=config.getoption("check_collectives"),
         )
     except (StrategyFactoryError, ValueError, AttachError) as exc:
         raise pytest.UsageError(str(exc)) from None
@@ -256,7 +267,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def attach_output(item: pytest.Item, when: str, outcomes: Sequence[Outcome]) -> None:
     """Add each rank's captured output to the test's report sections."""
     for o in outcomes:
-        for name, text in (("stdout", o.stdout), ("stderr", o.stderr), ("warnings", o.warnings)):
+        for name, text in (("stdout", o.stdout), ("stderr", o.stderr)):
             if text:
                 item.add_report_section(when, f"rank {o.rank} {name}", text)
 

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 import torch.distributed as dist
 
+from harness.collectives import waiting_collective
+from harness.flight import last_collectives, trace_prefix
 from harness.fnref import rewritten_modules
 from harness.launch import forkserver_context, kill_rank, spawn_rank
 from harness.outcomes import (
@@ -46,9 +48,10 @@ from harness.protocol import (
     encode,
 )
 from harness.rankfiles import RankFiles
+from harness.stall import StallProbe
 from harness.worker import STACK_SIGNAL, WorkerSpec, pg_timeout_for
 
-__all__ = ["PoolSettings", "PoolStartError", "RankPool"]
+__all__ = ["PoolSettings", "PoolStartError", "RankPool", "lonely_grace"]
 
 
 class PoolStartError(RuntimeError):
@@ -70,6 +73,13 @@ class PoolSettings:
         preload: extra modules for the forkserver to import.
         warm_up: run a tiny FSDP2 step on every rank at the pool's first start
             (:mod:`harness.warmup`), so the first job is not slower than the rest.
+        check_collectives: ranks check every collective across the group
+            (:mod:`harness.collectives`); a mismatch raises at once.
+        lonely_grace: seconds, at least, that ranks still inside a job get once another
+            rank finished it (more for a long job: see :func:`lonely_grace`).
+        stall_after: seconds into a job before the waiting ranks' stacks are sampled for a
+            stall (:mod:`harness.stall`); 0 turns sampling off.
+        stall_every: seconds between two stall samples.
     """
 
     world_size: int
@@ -81,6 +91,16 @@ class PoolSettings:
     health_timeout: float = 10.0
     preload: tuple[str, ...] = ()
     warm_up: bool = True
+    check_collectives: bool = False
+    lonely_grace: float = 5.0
+    stall_after: float = 3.0
+    stall_every: float = 2.0
+
+
+def lonely_grace(least: float, finished_after: float) -> float:
+    """How long ranks still inside a job may take once a rank finished it after
+    ``finished_after`` s: ``least``, or twice the finished rank's time for a long job."""
+    return max(least, 2.0 * finished_after)
 
 
 class RankPool:
@@ -112,6 +132,13 @@ class RankPool:
     def pids(self) -> list[int]:
         """The rank processes' pids, index = rank (empty when not started)."""
         return [p.pid for p in self.procs]
+
+    def set_checking(self, on: bool) -> None:
+        """Check collectives from the next job on (or stop): the ranks start again."""
+        if self.settings.check_collectives != on:
+            if self.started:
+                self.kill()
+            self.settings = replace(self.settings, check_collectives=on)
 
     def start(self) -> float:
         """Start the ranks and wait until all joined; return the seconds it took."""
@@ -154,6 +181,7 @@ class RankPool:
             self.files.path(rank, "stacks"),
             self._rewrite,
             s.warm_up and self.generation == 1,  # a respawn heals fast; warm once
+            s.check_collectives,
         )
         proc, conn, life = spawn_rank(context, spec)
         self.procs.append(proc)
@@ -211,12 +239,20 @@ class RankPool:
         for rank, (conn, proc) in enumerate(zip(self.conns, self.procs, strict=True)):
             owner[conn] = owner[proc.sentinel] = rank
         cutoff, why = deadline, f"still running at the deadline ({deadline - began:.1f} s)"
+        probe = self._probe(began, grace)
         while None in outcomes:
-            remaining = cutoff - time.monotonic()
+            now = time.monotonic()
+            remaining = cutoff - now
             if remaining <= 0:
                 break
+            if probe is not None and now >= probe.next_at:
+                if self._stalled(probe, outcomes):
+                    why = f"stuck in a collective: no progress in {probe.every:.0f} s"
+                    break
+                continue
             waiting = [obj for obj, rank in owner.items() if outcomes[rank] is None]
-            for obj in wait(waiting, remaining):
+            timeout = remaining if probe is None else min(remaining, probe.next_at - now)
+            for obj in wait(waiting, max(0.0, timeout)):
                 rank = owner[obj]
                 if outcomes[rank] is not None:
                     continue
@@ -224,17 +260,42 @@ class RankPool:
                 if outcome is None:
                     continue
                 outcomes[rank] = outcome
-                if not outcome.ok and grace is not None and cutoff == deadline:
-                    cutoff = min(deadline, time.monotonic() + grace)
-                    if cutoff < deadline:
-                        why = (
-                            f"still running {grace:.1f} s after rank {rank} {outcome.kind} "
-                            "(the job had already failed)"
-                        )
+                if grace is not None and None in outcomes:
+                    seconds, reason = self._grace(outcome, grace)
+                    if time.monotonic() + seconds < cutoff:
+                        cutoff, why = time.monotonic() + seconds, reason
         elapsed = time.monotonic() - began
         return [
             o or Outcome(r, "hung", detail=why, elapsed=elapsed) for r, o in enumerate(outcomes)
         ]
+
+    def _probe(self, began: float, grace: float | None) -> StallProbe | None:
+        s = self.settings
+        if grace is None or s.stall_after <= 0:
+            return None  # not a job (start, health check)
+        return StallProbe(began + s.stall_after, s.stall_every)
+
+    def _stalled(self, probe: StallProbe, outcomes: list[Outcome | None]) -> bool:
+        """Sample the stacks of the ranks still in the job: all stuck in collectives?"""
+        ranks = [r for r, o in enumerate(outcomes) if o is None]
+        if any(self.procs[r].exitcode is not None for r in ranks):
+            probe.next_at = time.monotonic() + probe.every  # a dead rank: its sentinel tells
+            return False
+        for rank in ranks:
+            try:
+                os.kill(self.procs[rank].pid, STACK_SIGNAL)
+            except ProcessLookupError:
+                pass
+        stacks = self.files.collect_stacks(ranks)
+        return probe.sample(time.monotonic(), stacks, self.pids)
+
+    def _grace(self, outcome: Outcome, grace: float) -> tuple[float, str]:
+        """How long the ranks still inside the job may take after ``outcome``, and why."""
+        if not outcome.ok:
+            why = f"rank {outcome.rank} {outcome.kind} (the job had already failed)"
+            return grace, f"still running {grace:.1f} s after {why}"
+        seconds = lonely_grace(self.settings.lonely_grace, outcome.elapsed)
+        return seconds, f"still inside the job {seconds:.1f} s after rank {outcome.rank} finished"
 
     def _receive(
         self, rank: int, obj: Any, job_id: int, kinds: tuple[str, ...], began: float
@@ -270,6 +331,7 @@ class RankPool:
         )
 
     def _heal(self, outcomes: list[Outcome], job_id: int) -> None:
+        self._read_traces(outcomes)
         kinds = {o.kind for o in outcomes}
         if kinds & {"crashed", "hung"}:
             self._finish_failed(outcomes)
@@ -279,6 +341,15 @@ class RankPool:
             return
         if any(o.error and o.error.is_distributed for o in outcomes) or not self.healthy(job_id):
             self.kill()
+
+    def _read_traces(self, outcomes: list[Outcome]) -> None:
+        """NCCL: each failed rank's last collectives, from its flight-recorder dump."""
+        if self.settings.backend != "nccl":
+            return
+        prefix = trace_prefix(self.files.directory)
+        for outcome in outcomes:
+            if not outcome.ok:
+                outcome.trace = last_collectives(f"{prefix}{outcome.rank}")
 
     def healthy(self, job_id: int) -> bool:
         """Whether every rank reports the same state and passes a short barrier."""
@@ -312,6 +383,7 @@ class RankPool:
             if outcome.kind == "hung":
                 dump = tidy_stacks(stacks.get(outcome.rank, ""))
                 outcome.stacks = dump or "(no stack dump arrived)"
+                outcome.collective = waiting_collective(dump)
         self.kill()
         self.files.read_output(outcomes)
 

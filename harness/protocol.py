@@ -101,11 +101,15 @@ class Job:
 
 @dataclass(frozen=True)
 class Result:
-    """A returned value (pickled on the rank) with the warnings the job emitted."""
+    """A returned value (pickled on the rank) with the warnings the job emitted (formatted,
+    and as ``(category, message, filename, lineno)`` records), and the first collective
+    error the job caught (``collective_error``; a broken collective it went on from)."""
 
     value: bytes
     warnings: str
     elapsed: float
+    warning_records: tuple[tuple[str, str, str, int], ...] = ()
+    collective_error: str = ""
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,10 @@ class ErrorReport:
         is_distributed: the exception came from torch.distributed.
         warnings: warnings the job emitted before it raised.
         elapsed: seconds the job ran on this rank.
+        desync: the collective (a :class:`harness.collectives.Collective`) this rank
+            entered when the ranks' collectives did not match, if they did not.
+        warning_records: the warnings as ``(category, message, filename, lineno)``.
+        collective_error: the first error a c10d collective raised during the job.
     """
 
     type_name: str
@@ -129,6 +137,9 @@ class ErrorReport:
     is_distributed: bool
     warnings: str = ""
     elapsed: float = 0.0
+    desync: Any = None
+    warning_records: tuple[tuple[str, str, str, int], ...] = ()
+    collective_error: str = ""
 
 
 def encode(message: Command | Event) -> bytes:

@@ -19,7 +19,7 @@ import threading
 import time
 import traceback
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import Any
@@ -27,7 +27,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness.collectives import CollectiveLog, install_checking, set_checked_timeout
 from harness.context import RankContext
+from harness.flight import flight_recorder_environ, trace_prefix
 from harness.fnref import install_rewriting, resolve_fn
 from harness.isolation import (
     Baseline,
@@ -35,6 +37,7 @@ from harness.isolation import (
     capture_warnings,
     cross_rank_state,
     format_warnings,
+    warning_records,
 )
 from harness.protocol import (
     BARRIER,
@@ -86,6 +89,8 @@ class WorkerSpec:
         stacks_path: per-rank file for faulthandler's stack dumps.
         rewrite: modules (name -> path) to import with pytest's assertion rewriting.
         warm_up: run :func:`harness.warmup.tiny_fsdp2_step` once before reporting ready.
+        check_collectives: wrap every process group in torch's collective checker
+            (:mod:`harness.collectives`), so ranks entering different collectives raise.
     """
 
     rank: int
@@ -99,6 +104,7 @@ class WorkerSpec:
     stacks_path: str
     rewrite: dict[str, str] = field(default_factory=dict)
     warm_up: bool = True
+    check_collectives: bool = False
 
 
 def pg_timeout_for(deadline: float) -> float:
@@ -164,11 +170,22 @@ class _Rank:
             is_master=False,
             timeout=timedelta(seconds=max(spec.pg_timeout, 30.0)),
         )
-        join_process_group(spec.backend, store, spec.rank, spec.world_size, spec.pg_timeout, device)
+        trace = trace_prefix(os.path.dirname(spec.stacks_path))
+        args = (spec.backend, store, spec.rank, spec.world_size, spec.pg_timeout, device, trace)
+        if spec.check_collectives:
+            install_checking()(lambda: join_process_group(*args))
+        else:
+            join_process_group(*args)
         if spec.warm_up:
             warm_up_rank(device)
         self.runner = JobRunner(
-            spec.rank, spec.world_size, spec.backend, device, capture, spec.pg_timeout
+            spec.rank,
+            spec.world_size,
+            spec.backend,
+            device,
+            capture,
+            spec.pg_timeout,
+            spec.check_collectives,
         )
 
     def serve(self) -> None:
@@ -205,8 +222,12 @@ def join_process_group(
     world_size: int,
     pg_timeout: float,
     device: torch.device,
+    trace: str | None = None,
 ) -> None:
     """Initialize the default process group through ``store`` (NCCL binds ``device``).
+
+    With NCCL and ``trace`` (a file prefix), torch's flight recorder keeps the rank's last
+    collectives and dumps them there on a timeout (:mod:`harness.flight`).
 
     With NCCL, a collective that outlives the process group's timeout (set below each job's
     deadline) must raise in the job rather than tear the process down (NCCL's default, and
@@ -219,6 +240,8 @@ def join_process_group(
         kwargs["device_id"] = device
         os.environ["TORCH_NCCL_BLOCKING_WAIT"] = "1"
         os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"
+        if trace is not None:
+            os.environ.update(flight_recorder_environ(trace))
     dist.init_process_group(
         backend,
         store=store,
@@ -249,6 +272,7 @@ class JobRunner:
         device: this rank's device.
         capture: where this rank's stdout/stderr go (emptied per job).
         pg_timeout: the process group's timeout in seconds now (set per job later).
+        checked: whether the process groups check collectives (:mod:`harness.collectives`).
     """
 
     def __init__(
@@ -259,6 +283,7 @@ class JobRunner:
         device: torch.device,
         capture: OutputCapture,
         pg_timeout: float,
+        checked: bool = False,
     ) -> None:
         self.rank = rank
         self.world_size = world_size
@@ -268,6 +293,9 @@ class JobRunner:
         self.pg_timeout = pg_timeout
         self.baseline = Baseline()
         self.current_job = 0
+        self.checked = checked
+        self.log = CollectiveLog()
+        self.log.attach()
 
     def handle(self, command: Command) -> Event:
         """Answer one ``job``, ``state`` or ``barrier`` command."""
@@ -281,7 +309,10 @@ class JobRunner:
 
     def _set_pg_timeout(self, seconds: float) -> None:
         if seconds != self.pg_timeout and dist.is_initialized():
-            dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds))
+            if self.checked:
+                set_checked_timeout(seconds)
+            else:
+                dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds))
             self.pg_timeout = seconds
 
     def run_job(self, command: Command) -> Event:
@@ -300,6 +331,7 @@ class JobRunner:
         )
         start = time.perf_counter()
         self.current_job = command.job_id
+        self.log.clear()
         with capture_warnings() as records:
             try:
                 self.baseline.reset()
@@ -312,15 +344,24 @@ class JobRunner:
                 self.current_job = 0
         elapsed = time.perf_counter() - start
         warned = format_warnings(records) if records else ""
+        noted = warning_records(records)
         self.capture.flush()
         try:
             self.baseline.cleanup()
         except Exception as exc:  # reported: the job left state the harness cannot undo
             payload = exc
         rank_coverage.save()  # no-op unless --rank-coverage; a killed rank keeps its data
+        desync, trouble = self.log.first, self.log.error
+        if desync is not None:
+            report = report_error(_desync_error(self.log, payload), elapsed, warned)
+            report = replace(report, desync=desync, is_distributed=True, warning_records=noted)
+            return Event(ERROR, command.job_id, ctx.rank, report)
         if isinstance(payload, BaseException):
-            return Event(ERROR, command.job_id, ctx.rank, report_error(payload, elapsed, warned))
-        return Event(RESULT, command.job_id, ctx.rank, Result(payload.value, warned, elapsed))
+            report = report_error(payload, elapsed, warned)
+            report = replace(report, warning_records=noted, collective_error=trouble)
+            return Event(ERROR, command.job_id, ctx.rank, report)
+        result = Result(payload.value, warned, elapsed, noted, trouble)
+        return Event(RESULT, command.job_id, ctx.rank, result)
 
     def state(self, command: Command) -> Event:
         """Report the state the health check compares across ranks."""
@@ -335,6 +376,13 @@ class JobRunner:
         except BaseException as exc:
             return Event(ERROR, command.job_id, self.rank, report_error(exc, 0.0, ""))
         return Event(HEALTHY, command.job_id, self.rank, time.perf_counter() - start)
+
+
+def _desync_error(log: Any, payload: Any) -> BaseException:
+    """The job's error, or (the job caught the mismatch and went on) the mismatch itself."""
+    if isinstance(payload, BaseException):
+        return payload
+    return RuntimeError(f"the job caught a collective mismatch and went on: {log.message}")
 
 
 def _device(spec: WorkerSpec) -> torch.device:
@@ -375,5 +423,9 @@ def report_error(exc: BaseException, elapsed: float, warned: str) -> ErrorReport
         cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
     )
     message = str(exc)
-    is_dist = isinstance(exc, dist.DistError) or "gloo" in message.lower()
+    # gloo raises plain RuntimeErrors; an assertion whose message merely names the backend
+    # (a RankContext's repr) is not one
+    is_dist = isinstance(exc, dist.DistError) or (
+        type(exc) is RuntimeError and "gloo" in message.lower()
+    )
     return ErrorReport(name, message, text, blob, is_dist, warned, elapsed)

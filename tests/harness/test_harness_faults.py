@@ -153,8 +153,8 @@ def raise_then_wait(ctx: RankContext) -> None:
 def test_ranks_left_waiting_after_a_raise_are_stopped_after_a_grace() -> None:
     start = time.monotonic()
     with pytest.raises(RankFailure) as info:
-        run_on_ranks(raise_then_wait, world_size=2, timeout=60)
-    assert time.monotonic() - start < 15  # not the 60 s deadline
+        run_on_ranks(raise_then_wait, world_size=2)  # default settings: no explicit deadline
+    assert time.monotonic() - start < 15  # not the deadline
     first, waiting = info.value.outcomes
     assert first.kind == "raised"
     assert waiting.kind == "hung"

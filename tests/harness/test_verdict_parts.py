@@ -1,0 +1,124 @@
+"""Parts of the hang and desync verdicts, single process: parsing, deadlines, warnings."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import torch
+
+from harness.collectives import own_fingerprint, waiting_collective
+from harness.deadlines import Deadlines
+from harness.flight import flight_recorder_environ, last_collectives, trace_prefix
+from harness.outcomes import Outcome
+from harness.rankwarnings import RankWarnings
+from harness.stall import StallProbe, cpu_seconds
+
+
+def test_own_fingerprint_reads_each_ranks_part() -> None:
+    message = (
+        "Detected mismatch between collectives on ranks. Rank 1 is running collective: "
+        "CollectiveFingerPrint(SequenceNumber=4, OpType=ALLGATHER, TensorShape=[2, 3], "
+        "TensorDtypes=Float, TensorDeviceTypes=TensorOptions(dtype=float)), but Rank 0 is "
+        "running collective: CollectiveFingerPrint(SequenceNumber=4OpType=BARRIER)."
+    )
+    one = own_fingerprint(message, 1)
+    assert one is not None and (one.op, one.shapes, one.dtypes) == ("ALLGATHER", "[2, 3]", "Float")
+    zero = own_fingerprint(message, 0)
+    assert zero is not None and zero.op == "BARRIER" and zero.shapes == ""
+    assert own_fingerprint(message, 2) is None
+
+
+def test_waiting_collective_reads_a_stack_dump() -> None:
+    torch_dir = os.path.dirname(torch.__file__)
+    c10d = os.path.join(torch_dir, "distributed", "distributed_c10d.py")
+    logger = os.path.join(torch_dir, "distributed", "c10d_logger.py")
+    stacks = (
+        "Current thread 0x1 (most recent call first):\n"
+        f'  File "{c10d}", line 10 in barrier\n'
+        f'  File "{logger}", line 8 in wrapper\n'
+        '  File "/home/me/strategy.py", line 42 in load_checkpoint\n'
+        '  File "/home/me/test_it.py", line 7 in job\n'
+    )
+    found = waiting_collective(stacks)
+    assert found is not None
+    assert found.op == "barrier"
+    assert found.frame == "/home/me/strategy.py:42 in load_checkpoint"
+    assert waiting_collective('  File "/home/me/x.py", line 1 in spin\n') is None
+
+
+def test_deadlines_learn_from_passing_jobs_under_the_ceiling() -> None:
+    d = Deadlines(ceiling=120.0)
+    assert d.deadline("check", "fn") == 30.0  # the first job
+    d.learn("check", "fn", [Outcome(0, "ok", elapsed=0.2), Outcome(1, "ok", elapsed=0.3)])
+    assert d.deadline("check", "fn") == 10.0  # max(10 s, 20 x 0.3 s)
+    d.learn("check", "fn", [Outcome(0, "ok", elapsed=2.0), Outcome(1, "hung", elapsed=99.0)])
+    assert d.deadline("check", "fn") == 10.0  # failed jobs teach nothing
+    d.learn("check", "fn", [Outcome(0, "ok", elapsed=9.0)])
+    assert d.deadline("check", "fn") == 120.0  # 180 s, capped by --rank-timeout
+    assert Deadlines(ceiling=12.0).deadline("other", "fn") == 12.0
+
+
+def test_rank_warnings_are_counted_once_per_distinct_warning() -> None:
+    w = ("FutureWarning", "old API", "/x/fsdp.py", 3)
+    other = ("UserWarning", "careful", "/x/y.py", 9)
+    collected = RankWarnings()
+    for _ in range(3):
+        a, b = Outcome(0, "ok"), Outcome(1, "ok")
+        a.warning_records, b.warning_records = (w, w), (w, other)
+        collected.add([a, b])
+    assert collected.lines() == [
+        "/x/fsdp.py:3: FutureWarning: old API",
+        "  9x, on rank(s) 0, 1, in 3 job(s)",
+        "/x/y.py:9: UserWarning: careful",
+        "  3x, on rank(s) 1, in 3 job(s)",
+    ]
+
+
+def test_flight_recorder_is_turned_on_and_its_dump_read(tmp_path) -> None:
+    prefix = trace_prefix(str(tmp_path))
+    env = flight_recorder_environ(prefix)
+    assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["TORCH_NCCL_DESYNC_DEBUG"] == "1"
+    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == prefix
+    entries = [
+        {
+            "profiling_name": f"nccl:{name}",
+            "collective_seq_id": seq,
+            "input_sizes": [[4, 2]],
+            "input_dtypes": ["Float"],
+            "state": state,
+            "process_group": ("0", "default_pg"),
+        }
+        for seq, name, state in [(1, "broadcast", "completed"), (2, "all_reduce", "started")]
+    ]
+    with open(f"{prefix}1", "wb") as f:
+        pickle.dump({"version": "2.4", "entries": entries}, f)
+    assert last_collectives(f"{prefix}1") == (
+        "#1 nccl:broadcast sizes=[[4, 2]] dtypes=['Float'] state=completed group=0\n"
+        "#2 nccl:all_reduce sizes=[[4, 2]] dtypes=['Float'] state=started group=0"
+    )
+    assert last_collectives(f"{prefix}1", count=1).startswith("#2 nccl:all_reduce")
+    assert last_collectives(f"{prefix}0") == ""  # no dump: nothing
+
+
+def _in_collective(line: int) -> str:
+    c10d = os.path.join(os.path.dirname(torch.__file__), "distributed", "distributed_c10d.py")
+    return (
+        "Thread 0x1 (most recent call first):\n"
+        f'  File "{c10d}", line 10 in barrier\n'
+        f'  File "/home/me/job.py", line {line} in job\n'
+    )
+
+
+def test_stall_needs_two_equal_samples_in_collectives_without_cpu() -> None:
+    me = os.getpid()
+    assert cpu_seconds(me) is not None
+    probe = StallProbe(next_at=0.0, every=3.0)
+    assert not probe.sample(10.0, {0: _in_collective(5)}, [me])  # one sample: not yet
+    assert probe.next_at == 13.0
+    assert probe.sample(13.0, {0: _in_collective(5)}, [me])  # same stack, idle
+    assert not probe.sample(16.0, {0: _in_collective(6)}, [me])  # it moved
+    assert not probe.sample(19.0, {0: '  File "/home/me/job.py", line 6 in job\n'}, [me])
+    assert not probe.sample(22.0, {0: _in_collective(6)}, [me])  # not in a collective before

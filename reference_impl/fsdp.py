@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
@@ -51,6 +52,21 @@ from reference_impl.policies import (
 from reference_impl.precision import Precision
 
 __all__ = ["FSDPStrategy"]
+
+
+@contextlib.contextmanager
+def _no_shard_accepted(strategy: ShardingStrategy) -> Iterator[None]:
+    """Silence torch's ``NO_SHARD`` deprecation while wrapping with it: the contract makes
+    ``NO_SHARD`` a supported strategy (CFG-1) and hybrid on a shard size of 1 becomes it, so
+    the warning would only tell the user what they asked for, once per wrapped unit."""
+    with warnings.catch_warnings():
+        if strategy == ShardingStrategy.NO_SHARD:
+            warnings.filterwarnings(
+                "ignore",
+                message="The `NO_SHARD` sharding strategy is deprecated",
+                category=FutureWarning,
+            )
+        yield
 
 
 class FSDPStrategy(ShardedStrategyBase):
@@ -244,14 +260,15 @@ class FSDPStrategy(ShardedStrategyBase):
         strategy = self._effective_sharding_strategy()
         if self.device_mesh is not None and strategy in HYBRID_STRATEGIES:
             kwargs["device_mesh"] = self.device_mesh
-        wrapped = FSDP(
-            module,
-            sharding_strategy=strategy,
-            cpu_offload=self.cpu_offload,
-            auto_wrap_policy=policy,
-            mixed_precision=self.mixed_precision_config,
-            **kwargs,
-        )
+        with _no_shard_accepted(strategy):
+            wrapped = FSDP(
+                module,
+                sharding_strategy=strategy,
+                cpu_offload=self.cpu_offload,
+                auto_wrap_policy=policy,
+                mixed_precision=self.mixed_precision_config,
+                **kwargs,
+            )
         if materializer is not None:
             materializer.warn_missing_reset()
         return wrapped

@@ -261,6 +261,7 @@ class RankPool:
                     continue
                 outcomes[rank] = outcome
                 if grace is not None and None in outcomes:
+                    probe = None  # some rank is out: the grace, not stall sampling, decides
                     seconds, reason = self._grace(outcome, grace)
                     if time.monotonic() + seconds < cutoff:
                         cutoff, why = time.monotonic() + seconds, reason

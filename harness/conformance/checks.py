@@ -36,6 +36,11 @@ _SUITE_ERRORS = re.compile(
     r"^(hypothesis\.errors\.)?(FailedHealthCheck|InvalidArgument|Unsatisfiable)\b"
 )
 _XPASS_STRICT = "[XPASS(strict)]"
+#: failures that are verdicts of their own kind: the exception names the outcome
+_OWN_KINDS = {
+    "desync": re.compile(r"^(harness\.verdicts\.)?CollectiveDesync\b"),
+    "hang": re.compile(r"^(harness\.verdicts\.)?CollectiveHang\b"),
+}
 
 
 @dataclass
@@ -171,7 +176,8 @@ def classify_report(report: Any) -> tuple[str | None, str | None]:
         return "failed", f"passed although listed as an expected failure (strict xpass): {reason}"
     if _SUITE_ERRORS.match(summary):
         return "error", summary
-    return "failed", summary
+    kind = next((k for k, pattern in _OWN_KINDS.items() if pattern.match(summary)), "failed")
+    return kind, summary
 
 
 def not_run_reason(interrupted: bool, stopped: str | bool) -> str:

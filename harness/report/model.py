@@ -24,16 +24,42 @@ __all__ = [
     "worst_outcome",
 ]
 
-#: 2 added the ``not run`` outcome; reports of schema 1 (a subset) are still read.
+#: 2 added the ``not run``, ``desync`` and ``hang`` outcomes; reports of schema 1 (a subset)
+#: are still read.
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)
 #: The outcome of a check the session never reached (interrupted, ``-x``, ``--maxfail``).
 NOT_RUN = "not run"
-#: Outcome names, in the order reports list them.
-OUTCOMES = ("passed", "failed", "error", "unsupported", "environment", "xfailed", NOT_RUN)
+#: A failure whose ranks entered different collectives (``harness.verdicts.CollectiveDesync``).
+DESYNC = "desync"
+#: A failure whose ranks waited inside the job (``harness.verdicts.CollectiveHang``).
+HANG = "hang"
+#: Outcome names, in the order reports list them (``desync`` and ``hang`` are failures of
+#: their own kind).
+OUTCOMES = (
+    "passed",
+    "failed",
+    "error",
+    "unsupported",
+    "environment",
+    "xfailed",
+    NOT_RUN,
+    DESYNC,
+    HANG,
+)
 #: The same, worst first: a clause takes the worst outcome of its checks. A clause with a
 #: check that did not run is not known to hold, so ``not run`` ranks above every skip.
-SEVERITY = ("failed", "error", NOT_RUN, "xfailed", "unsupported", "environment", "passed")
+SEVERITY = (
+    "failed",
+    DESYNC,
+    HANG,
+    "error",
+    NOT_RUN,
+    "xfailed",
+    "unsupported",
+    "environment",
+    "passed",
+)
 #: Outcomes that do not fail a ``--conformance-strict`` run.
 CONFORMING = frozenset({"passed", "environment"})
 NO_CLAUSE = "(no clause)"

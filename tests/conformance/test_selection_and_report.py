@@ -170,7 +170,8 @@ def test_report_json_schema(run_suite: RunSuite) -> None:
     report = run.report()
     assert report["schema_version"] == 2
     assert set(report["counts"]) == {
-        "passed", "failed", "error", "unsupported", "environment", "xfailed", "not run"
+        "passed", "failed", "error", "unsupported", "environment", "xfailed", "not run", "desync",
+        "hang"
     }  # fmt: skip
     assert isinstance(report["suite_version"], str) and report["suite_version"]
     assert {"torch", "python", "backend", "device", "world_sizes"} <= set(report["environment"])

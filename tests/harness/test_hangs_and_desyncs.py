@@ -101,8 +101,15 @@ def _run_strict_two(*extra: str) -> tuple[subprocess.CompletedProcess[str], floa
     return result, float(took.group(1))
 
 
-def test_barrier_on_one_rank_is_a_desync_under_ckpt_strict_2() -> None:
-    result, took = _run_strict_two("--check-collectives")
+@pytest.mark.parametrize(
+    "extra",
+    [(), ("--check-collectives",)],
+    ids=["default-settings-replay-checks", "checked-from-the-start"],
+)
+def test_barrier_on_one_rank_is_a_desync_under_ckpt_strict_2(extra: tuple[str, ...]) -> None:
+    """By default the first run ends as a hang within seconds and its replay, with
+    collectives checked, names the desync; ``--check-collectives`` names it at once."""
+    result, took = _run_strict_two(*extra)
     out = result.stdout
     assert result.returncode == 1, out[-3000:]
     assert "FlakyFailure" not in out

@@ -33,6 +33,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness import RankFailure
+from harness.api import current_config
 from suites._run import run
 from suites.checkpoint_checks import assert_same_model, assert_same_optim, files_digest
 from suites.checkpoint_jobs import build, path_for, read_state, train_plan
@@ -139,6 +140,11 @@ def test_failed_save_keeps_the_old_checkpoint(
     data: st.DataObject,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
+    if fault == "rank_killed" and current_config().attach is not None:
+        pytest.skip(
+            "environment: killing a rank needs ranks the harness can replace; under torchrun "
+            "(attach mode) a dead rank ends the run"
+        )
     plan = data.draw(ckpt_plans(family, fmt, same_config=True, min_steps=1), label="plan")
     directory = Path(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()))
     path = path_for(str(directory), fmt)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from harness.api import max_world_size, run_on_ranks, world_sizes
+from harness.attribution import clause
 from harness.context import RankContext
 from harness.contract import StrategySpec, Unsupported
 from harness.outcomes import Outcome, RankFailure
@@ -13,6 +14,7 @@ __all__ = [
     "RankFailure",
     "StrategySpec",
     "Unsupported",
+    "clause",
     "max_world_size",
     "run_on_ranks",
     "world_sizes",

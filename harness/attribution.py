@@ -1,0 +1,120 @@
+"""Which clause a failure breaks: :func:`clause` tags what its body raises.
+
+[Note: clause isolation] A check exists to test its own clauses, but to reach its property it
+calls other parts of the strategy too: it builds the strategy and the model, saves a
+checkpoint in order to test loading, tears the strategy down at the end. A failure in those
+calls is a violation of *their* clause, not of the check's. So the suites wrap them::
+
+    with clause("API-2"):
+        model = strategy.setup_module(model)
+    ...                                   # the check's own property
+    with clause("API-8", after=True):
+        strategy.teardown()
+
+An exception escaping ``with clause(ID)`` carries ``ID`` (the innermost ``clause`` wins; an
+``Unsupported`` is never tagged: it is a refusal, not a violation). The conformance plugin
+reads it: a check whose failure carries one of its own clauses fails under that clause only; a
+failure carrying another clause makes the check ``blocked`` by that clause (its property was
+never reached). With ``after=True`` (on a rank) the exception is *not* raised: the property
+was already tested, so the check's verdict stands, and the violation travels back with the
+job's result and is reported once, as a finding of its own clause.
+
+Works the same on the ranks (the worker ships the tag with the error) and in the controller
+(an assertion made under ``with clause(...)``).
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from harness.contract import Unsupported
+
+__all__ = [
+    "LateViolation",
+    "clause",
+    "clause_of",
+    "tag",
+    "take_late_violations",
+]
+
+_ATTRIBUTE = "shardcheck_clause"
+_LATE: list[LateViolation] = []  # violations after the property, on this process, this job
+
+
+@dataclass(frozen=True)
+class LateViolation:
+    """An exception raised under ``clause(ID, after=True)``: reported, not raised.
+
+    Args:
+        clause: the clause it violates.
+        type_name: qualified name of the exception class.
+        message: ``str(exc)``.
+        traceback: the formatted traceback.
+    """
+
+    clause: str
+    type_name: str
+    message: str
+    traceback: str
+
+
+def tag(exc: BaseException, clause_id: str) -> None:
+    """Attribute ``exc`` to ``clause_id`` unless an inner ``clause`` already did."""
+    if not clause_id or isinstance(exc, Unsupported) or clause_of(exc):
+        return
+    try:
+        setattr(exc, _ATTRIBUTE, clause_id)
+    except AttributeError:  # an exception type with __slots__: cannot carry the tag
+        pass
+
+
+def clause_of(exc: BaseException) -> str:
+    """The clause ``exc`` was attributed to, or ``""``."""
+    value = getattr(exc, _ATTRIBUTE, "")
+    return value if isinstance(value, str) else ""
+
+
+@contextmanager
+def clause(clause_id: str, *, after: bool = False) -> Iterator[None]:
+    """Attribute an exception raised in the body to ``clause_id``.
+
+    Args:
+        clause_id: the contract's clause id the body exercises (e.g. ``"API-8"``).
+        after: the check's property was already tested: record the exception as a late
+            violation of ``clause_id`` (see :func:`take_late_violations`) instead of raising.
+
+    Raises:
+        ValueError: ``clause_id`` is empty.
+    """
+    if not isinstance(clause_id, str) or not clause_id.strip():
+        raise ValueError(
+            f"clause({clause_id!r}) needs a clause id such as 'API-8'; "
+            "see CONTRACT.md or pytest --list-clauses."
+        )
+    try:
+        yield
+    except Exception as exc:
+        if isinstance(exc, Unsupported):
+            raise
+        tag(exc, clause_id)
+        if not after:
+            raise
+        cls = type(exc)
+        _LATE.append(
+            LateViolation(
+                clause=clause_of(exc) or clause_id,
+                type_name=f"{cls.__module__}.{cls.__qualname__}",
+                message=str(exc),
+                traceback="".join(traceback.format_exception(exc)),
+            )
+        )
+
+
+def take_late_violations() -> tuple[LateViolation, ...]:
+    """The late violations recorded since the last call (the worker ships them per job)."""
+    taken = tuple(_LATE)
+    _LATE.clear()
+    return taken

@@ -1,0 +1,1 @@
+"""Self-check zoo: strategies carrying checkpoint bugs reported against FSDP, DCP and Lightning."""

@@ -1,0 +1,252 @@
+"""A zoo of real checkpoint bugs: the reference strategies with one reported bug each.
+
+Each bug was reported against FSDP, ``torch.distributed.checkpoint`` (DCP) or Lightning; the
+class docstring cites the upstream issue. As in ``tests/selfcheck_ckpt/broken.py``, each
+factory builds the reference strategy with ``reference_impl.make_strategy`` and gives it a
+subclass whose one overridden method carries the bug (the bug itself is a patch of one
+reference helper, active only inside that method). ``test_zoo_caught.py`` runs the
+checkpoint suites against each factory (``--strategy selfcheck_zoo.broken:<factory>``) on
+the clause it breaks, and the reference on the same selection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Iterator, Mapping
+from typing import Any
+from unittest import mock
+
+import torch
+from selfcheck_ckpt.broken import _with_bug
+from torch import Tensor, nn
+
+from harness.contract import StrategySpec
+
+__all__ = [
+    "chunks_optimizer_state_to_empty_shards",
+    "rekeys_without_frozen_parameters",
+    "saves_non_persistent_buffers",
+    "saves_wrapper_prefixed_keys",
+]
+
+_WRAPPERS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"})
+
+
+def _clean(name: str) -> str:
+    return ".".join(p for p in name.split(".") if p not in _WRAPPERS)
+
+
+def _model_of(state: Any) -> nn.Module | None:
+    if not isinstance(state, dict):
+        return None
+    return next((v for v in state.values() if isinstance(v, nn.Module)), None)
+
+
+@contextlib.contextmanager
+def _model_state_reader(change: Any) -> Iterator[None]:
+    """Patch the model-state reader of both formats' save paths with ``change(module, sd)``."""
+    from reference_impl.checkpoint import full, sharded
+
+    original = full.read_model_state
+
+    def read(module: nn.Module, *, full: bool, rank0_only: bool = True) -> dict[str, Any]:
+        return change(module, original(module, full=full, rank0_only=rank0_only))
+
+    with mock.patch.object(full, "read_model_state", read):
+        with mock.patch.object(sharded, "read_model_state", read):
+            yield
+
+
+# --- non-persistent buffers ---------------------------------------------------------------
+
+
+def _non_persistent_buffers(module: nn.Module) -> dict[str, Tensor]:
+    found = {}
+    for prefix, owner in module.named_modules():
+        for name in getattr(owner, "_non_persistent_buffers_set", ()):
+            buffer = owner._buffers.get(name)
+            if buffer is not None:
+                found[_clean(f"{prefix}.{name}" if prefix else name)] = buffer
+    return found
+
+
+class SavesNonPersistentBuffers:
+    """The saved model state lists the buffers of ``named_buffers()``, non-persistent ones
+    included, so a checkpoint holds them and a strict load of it meets keys that the
+    model's ``state_dict()`` does not have.
+
+    Upstream: pytorch/pytorch#122792, "[DCP] `set_model_state_dict` errors on compiled
+    module with non-persistent buffer" (DCP's state-dict helpers walked ``named_buffers()``;
+    fixed by pytorch/pytorch#125337, "[DSD] Fix to remove non_persistent buffer in
+    distributed state dict"); FSDP1 had the same bug before pytorch/pytorch#85740, "[FSDP]
+    Ignore buffers that are non-persistent".
+    """
+
+    def save_checkpoint(
+        self, path: Any, state: dict, storage_options: Any = None, filter: Any = None
+    ) -> None:
+        def with_buffers(module: nn.Module, sd: dict[str, Any]) -> dict[str, Any]:
+            extra = _non_persistent_buffers(module)
+            return {**sd, **{k: v.detach().clone() for k, v in extra.items() if k not in sd}}
+
+        with _model_state_reader(with_buffers):
+            super().save_checkpoint(path, state, storage_options, filter)  # type: ignore[misc]
+
+
+# --- empty shards -------------------------------------------------------------------------
+
+
+def _chunk_like(full: Tensor, like: Any, name: str) -> Any:
+    """``like``'s shard of ``full`` cut with ``torch.chunk``, as ``ChunkShardingSpec`` cut it.
+
+    ``torch.chunk`` returns fewer pieces than ranks when a dimension is shorter than the
+    mesh (a 1-element tensor over 2 ranks gives 1 piece), so the rank whose shard is empty
+    finds no piece. Parameters on a 2-D mesh keep the reference cut.
+    """
+    from torch.distributed.tensor import DTensor, Shard
+
+    from reference_impl.checkpoint.local_shards import shard_like
+
+    mesh, placements = like.device_mesh, like.placements
+    if mesh.ndim != 1 or type(placements[0]) is not Shard:
+        return shard_like(full, like, name=name)
+    pieces = torch.chunk(full.detach(), mesh.size(), dim=placements[0].dim)
+    local = pieces[mesh.get_local_rank()]  # the bug: IndexError on an empty shard's rank
+    return DTensor.from_local(
+        local.to(like.device), mesh, placements, run_check=False, shape=like.shape,
+        stride=like.stride(),
+    )  # fmt: skip
+
+
+def _chunked_optimizer_state(module: nn.Module, osd: Mapping[str, Any]) -> dict[str, Any]:
+    from torch.distributed.tensor import DTensor
+
+    params = {
+        _clean(name): p
+        for name, p in module.named_parameters(remove_duplicate=False)
+        if isinstance(p, DTensor)
+    }
+    state: dict[str, Any] = {}
+    for name, values in osd.get("state", {}).items():
+        param = params.get(name)
+        if param is None or not isinstance(values, Mapping):
+            state[name] = values
+            continue
+        state[name] = {
+            key: _chunk_like(value, param, f"optimizer state {key!r} of {name!r}")
+            if isinstance(value, Tensor) and value.dim() > 0 and value.shape == param.shape
+            else value
+            for key, value in values.items()
+        }
+    return {**osd, "state": state}
+
+
+class ChunksOptimizerStateToEmptyShards:
+    """Loading a full checkpoint into DTensor (FSDP2) parameters cuts each optimizer state
+    tensor with ``torch.chunk``: a rank whose shard of a small parameter is empty (a
+    1-element parameter over 2 data-parallel ranks) gets no piece and the load fails there.
+
+    Upstream: pytorch/pytorch#102821, "Unable to resume job using FSDP with 64 nodes, errors
+    appeared during loading sharded optimizer state dict" (the empty-shard case of
+    ``chunk_sharding_spec.py`` when loading optimizer state; a maintainer points to the fix
+    in pytorch/pytorch#108915).
+    """
+
+    def load_checkpoint(self, path: Any, state: Any = None, strict: bool = True) -> Any:
+        from reference_impl.checkpoint import optimizers
+
+        with mock.patch.object(optimizers, "shard_optimizer_state", _chunked_optimizer_state):
+            return super().load_checkpoint(path, state, strict)  # type: ignore[misc]
+
+
+# --- frozen parameters --------------------------------------------------------------------
+
+
+class RekeysWithoutFrozenParameters:
+    """Integer optimizer ids are mapped to the names of the *trainable* parameters only, as
+    if frozen parameters were never in the optimizer; a plain optimizer that holds frozen
+    parameters numbers them too, so every id after the first frozen one lands on the wrong
+    parameter (``zip`` drops the ids left over).
+
+    Upstream: pytorch/pytorch#192202, "[DCP] Optimizer states for frozen parameters are
+    dropped during loading and prevent partial state initialization"
+    (``set_optimizer_state_dict`` selected parameters by ``requires_grad`` when mapping saved
+    optimizer state to parameters; pytorch/pytorch#192307 keys it on the checkpoint instead).
+    """
+
+    def load_checkpoint(self, path: Any, state: Any = None, strict: bool = True) -> Any:
+        model = _model_of(state)
+        if model is None:
+            return super().load_checkpoint(path, state, strict)  # type: ignore[misc]
+        trainable = {_clean(n) for n, p in model.named_parameters() if p.requires_grad}
+        with _rekey_trainable_only(trainable):
+            return super().load_checkpoint(path, state, strict)  # type: ignore[misc]
+
+
+@contextlib.contextmanager
+def _rekey_trainable_only(trainable: set[str]) -> Iterator[None]:
+    from reference_impl.checkpoint import full
+
+    def rekey(standard: Any, group_names: Any, *, where: str = "") -> dict[str, Any]:
+        groups = [
+            {**g, "params": list(names)}
+            for g, names in zip(standard["param_groups"], group_names, strict=True)
+        ]
+        order = [n for names in group_names for n in names if n in trainable]  # the bug
+        ids = dict(zip(itertools.count(), order))
+        state = {ids[i]: v for i, v in standard["state"].items() if i in ids}
+        return {"state": state, "param_groups": groups}
+
+    with mock.patch.object(full, "to_named_optimizer_state", rekey):
+        yield
+
+
+# --- wrapper prefixes ---------------------------------------------------------------------
+
+_PREFIX = "_forward_module."
+
+
+class SavesWrapperPrefixedKeys:
+    """The saved model state is the state dict of a wrapper around the model: every key of
+    a checkpoint starts with ``_forward_module.``, so the plain model cannot load it with
+    ``load_state_dict`` (and the strategy's own strict load finds every key missing).
+
+    Upstream: Lightning-AI/pytorch-lightning#16526, "Proper extraction of `state_dict` for
+    `fsdp` strategy" (the FSDP strategy's checkpoints carried the ``_forward_module.`` prefix
+    of Lightning's module wrapper; fixed by Lightning-AI/pytorch-lightning#16558); the same
+    class of bug in DCP: pytorch/pytorch#117399, "CHECKPOINT_PREFIX is not stripped when
+    non-root module is activation checkpointed".
+    """
+
+    def save_checkpoint(
+        self, path: Any, state: dict, storage_options: Any = None, filter: Any = None
+    ) -> None:
+        def prefixed(module: nn.Module, sd: dict[str, Any]) -> dict[str, Any]:
+            return {f"{_PREFIX}{k}": v for k, v in sd.items()}
+
+        with _model_state_reader(prefixed):
+            super().save_checkpoint(path, state, storage_options, filter)  # type: ignore[misc]
+
+
+# --- factories ----------------------------------------------------------------------------
+
+
+def saves_non_persistent_buffers(spec: StrategySpec) -> Any:
+    """Factory: :class:`SavesNonPersistentBuffers` (breaks CKPT-BUF-1)."""
+    return _with_bug(spec, SavesNonPersistentBuffers)
+
+
+def chunks_optimizer_state_to_empty_shards(spec: StrategySpec) -> Any:
+    """Factory: :class:`ChunksOptimizerStateToEmptyShards` (breaks CKPT-TRAINER-1)."""
+    return _with_bug(spec, ChunksOptimizerStateToEmptyShards)
+
+
+def rekeys_without_frozen_parameters(spec: StrategySpec) -> Any:
+    """Factory: :class:`RekeysWithoutFrozenParameters` (breaks CKPT-REKEY-1)."""
+    return _with_bug(spec, RekeysWithoutFrozenParameters)
+
+
+def saves_wrapper_prefixed_keys(spec: StrategySpec) -> Any:
+    """Factory: :class:`SavesWrapperPrefixedKeys` (breaks CKPT-REKEY-2)."""
+    return _with_bug(spec, SavesWrapperPrefixedKeys)

@@ -1,0 +1,90 @@
+"""Issue 13, part 4: the suites catch a zoo of real checkpoint bugs, each on its own clause.
+
+Every strategy of ``selfcheck_zoo.broken`` carries one bug reported upstream (FSDP, DCP,
+Lightning). Each inner run selects only the checks of the clause the bug breaks
+(``--clauses``), stops at the first failure (``-x``) and does not shrink (Hypothesis profile
+``selfcheck``). It must fail, the conformance report must record the clause as ``failed``,
+and a failed check of that clause must say what went wrong (the key words below). The
+reference strategy must pass the same selection.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from selfcheck_ckpt.run_suites import run_suites
+
+#: factory in selfcheck_zoo.broken -> (the clause it breaks, what its failure must say)
+ZOO: dict[str, tuple[str, str]] = {
+    # the strict load of the saved checkpoint meets the non-persistent buffer of Scale
+    "saves_non_persistent_buffers": ("CKPT-BUF-1", r"Unexpected key.*scale\.offset"),
+    # loading the trainer file at data-parallel 2: the rank with the empty shard of
+    # scale.gate (1 element) finds no torch.chunk piece
+    "chunks_optimizer_state_to_empty_shards": ("CKPT-TRAINER-1", r"IndexError"),
+    # ids shifted past the frozen parameters: a trainable parameter ends without state
+    "rekeys_without_frozen_parameters": ("CKPT-REKEY-1", r"is not in the optimizer state"),
+    # the plain model's strict load_state_dict refuses the prefixed keys
+    "saves_wrapper_prefixed_keys": ("CKPT-REKEY-2", r"Unexpected key.*_forward_module\."),
+}
+
+RUN_TIMEOUT_S = 170
+
+
+def _run(strategy: str, clauses: str, tmp: Path, *, first_failure: bool) -> tuple[Any, str, dict]:
+    """Run the checkpoint suites against ``strategy`` on ``clauses``; return the process,
+    its output and the conformance report."""
+    args = [
+        "--strategy", strategy,
+        "--clauses", clauses,
+        *(["-x"] if first_failure else []),
+        "--nproc", "4",
+        "--hypothesis-profile=selfcheck",
+        "--conformance-report", str(tmp / "report"),
+        "-q",
+    ]  # fmt: skip
+    env = {"HYPOTHESIS_STORAGE_DIRECTORY": str(tmp / "hypothesis")}
+    result = run_suites(args, timeout=RUN_TIMEOUT_S, env=env)
+    output = result.stdout + result.stderr
+    report_file = tmp / "report" / "report.json"
+    assert report_file.is_file(), f"{strategy}: no report.json\n{output[-4000:]}"
+    return result, output, json.loads(report_file.read_text())
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+@pytest.mark.parametrize("factory", sorted(ZOO))
+def test_zoo_bug_is_caught_on_its_clause(factory: str, tmp_path: Path) -> None:
+    clause, words = ZOO[factory]
+    result, output, report = _run(
+        f"selfcheck_zoo.broken:{factory}", clause, tmp_path, first_failure=True
+    )
+    tail = output[-4000:]
+    assert result.returncode == 1, (
+        f"{factory}: the suites did not fail (rc={result.returncode})\n{tail}"
+    )
+    assert report["clauses"].get(clause) == "failed", (
+        f"{factory}: report.json records {clause} as {report['clauses'].get(clause)!r}\n{tail}"
+    )
+    failed = [c for c in report["checks"] if clause in c["clauses"] and c["outcome"] == "failed"]
+    texts = [c["failure"] or "" for c in failed]
+    assert any(re.search(words, text, re.DOTALL) for text in texts), (
+        f"{factory}: no failed {clause} check says {words!r}; failures: {texts}\n{tail}"
+    )
+
+
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S)
+def test_reference_passes_the_zoo_clauses(tmp_path: Path) -> None:
+    clauses = sorted({clause for clause, _ in ZOO.values()})
+    result, output, report = _run(
+        "reference_impl:make_strategy", ",".join(clauses), tmp_path, first_failure=False
+    )
+    tail = output[-4000:]
+    assert result.returncode == 0, f"the reference fails {clauses} (rc={result.returncode})\n{tail}"
+    for clause in clauses:
+        assert report["clauses"].get(clause) == "passed", (
+            f"report.json records {clause} as {report['clauses'].get(clause)!r} for the "
+            f"reference\n{tail}"
+        )

@@ -27,6 +27,7 @@ __all__ = [
     "chunks_optimizer_state_to_empty_shards",
     "rekeys_without_frozen_parameters",
     "saves_non_persistent_buffers",
+    "saves_tied_weight_once",
     "saves_wrapper_prefixed_keys",
 ]
 
@@ -229,6 +230,46 @@ class SavesWrapperPrefixedKeys:
             super().save_checkpoint(path, state, storage_options, filter)  # type: ignore[misc]
 
 
+# --- tied (shared) parameters -------------------------------------------------------------
+
+
+def _alias_names(module: nn.Module) -> set[str]:
+    """Every name of a shared parameter but its first (``head.weight`` of a tied head)."""
+    first: dict[int, str] = {}
+    aliases = set()
+    for prefix, owner in module.named_modules(remove_duplicate=False):
+        for name, param in owner._parameters.items():
+            if param is None:
+                continue
+            full_name = _clean(f"{prefix}.{name}" if prefix else name)
+            if first.setdefault(id(param), full_name) != full_name:
+                aliases.add(full_name)
+    return aliases
+
+
+class SavesTiedWeightOnce:
+    """A shared (tied) parameter is saved under its first name only: the checkpoint lacks
+    the tied head's ``head.weight``, so a strict load of the model, by the strategy or by
+    plain torch, misses that key.
+
+    Upstream: pytorch/pytorch#86524, "[FSDP] Fix load_sharded_state_dict FQN mismatches for
+    shared parameters" (FSDP's sharded state dict named a shared parameter by one FQN only);
+    the same bug in Hugging Face Accelerate's FSDP checkpoints: huggingface/accelerate#2807,
+    "save_state removes shared weights but load_state cannot load properly" ("Missing
+    key(s) in state_dict: ... lm_head.weight").
+    """
+
+    def save_checkpoint(
+        self, path: Any, state: dict, storage_options: Any = None, filter: Any = None
+    ) -> None:
+        def first_names_only(module: nn.Module, sd: dict[str, Any]) -> dict[str, Any]:
+            aliases = _alias_names(module)
+            return {k: v for k, v in sd.items() if k not in aliases}
+
+        with _model_state_reader(first_names_only):
+            super().save_checkpoint(path, state, storage_options, filter)  # type: ignore[misc]
+
+
 # --- factories ----------------------------------------------------------------------------
 
 
@@ -250,3 +291,8 @@ def rekeys_without_frozen_parameters(spec: StrategySpec) -> Any:
 def saves_wrapper_prefixed_keys(spec: StrategySpec) -> Any:
     """Factory: :class:`SavesWrapperPrefixedKeys` (breaks CKPT-REKEY-2)."""
     return _with_bug(spec, SavesWrapperPrefixedKeys)
+
+
+def saves_tied_weight_once(spec: StrategySpec) -> Any:
+    """Factory: :class:`SavesTiedWeightOnce` (breaks CKPT-RT-2)."""
+    return _with_bug(spec, SavesTiedWeightOnce)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from harness.attach.session import AttachInfo
+from harness.attribution import note_late
 from harness.contract import DEFAULT_FACTORY, Unsupported
 from harness.deadlines import Deadlines, current_check
 from harness.fnref import fn_ref_of
@@ -107,6 +108,7 @@ _config = HarnessConfig()
 _pools: dict[int, RankPool | AttachedPool] = {}
 _root: str | None = None
 _job_ids = itertools.count(1)
+_last_job_id = 0
 _sink: OutputSink | None = None
 _unavailable: str | None = None  # why the last job was refused for its world size
 _deadlines = Deadlines(ceiling=_config.rank_timeout)
@@ -403,10 +405,16 @@ def run_on_ranks(
     raise failure
 
 
+def jobs_dispatched() -> int:
+    """How many rank jobs this process has dispatched so far (every world size)."""
+    return _last_job_id
+
+
 def _run_job(
     pool: RankPool | AttachedPool, ref: FnRef, blob: bytes, deadline: float, size: int
 ) -> tuple[list[Outcome], str]:
-    job_id = next(_job_ids)
+    global _last_job_id
+    job_id = _last_job_id = next(_job_ids)
     tmp_dir = os.path.join(_session_root(), "jobs", f"job-{job_id}")
     job = Job(ref, blob, deadline, tmp_dir, _config.strategy, dict(_config.strategy_options))
     what = f"job {job_id}: {ref} at world size {size}"
@@ -447,6 +455,9 @@ def _worth_replaying(outcomes: Sequence[Outcome]) -> bool:
 
 def _publish(outcomes: Sequence[Outcome]) -> None:
     COLLECTED.add(outcomes)
+    for o in outcomes:
+        if o.late:
+            note_late(o.rank, o.late)
     if not any(o.stdout or o.stderr or o.warnings for o in outcomes):
         return
     if _sink is not None:

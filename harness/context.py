@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness.attribution import tag
 from harness.contract import StrategySpec, Unsupported, load_factory, spec_field_names
 
 __all__ = ["RankContext", "StrategyAgreementError"]
@@ -100,6 +101,8 @@ class RankContext:
         except Unsupported as exc:
             mine, own_error = ("unsupported", exc), exc
         except Exception as exc:
+            # building the strategy is the first step of API-1 (see [Note: clause isolation])
+            tag(exc, "API-1")
             mine, own_error = ("error", f"{type(exc).__name__}: {exc}"), exc
         verdicts: list[Any] = [None] * self.world_size
         dist.all_gather_object(verdicts, mine)
@@ -122,8 +125,10 @@ def _agree(rank: int, verdicts: list[Any], strategy: Any, own: BaseException | N
         if kind == "error":
             if own is not None:
                 raise own
-            raise StrategyAgreementError(
+            error = StrategyAgreementError(
                 f"the strategy factory raised on rank {other} ({detail}); rank {rank} "
                 "stops too so that no rank waits in a collective."
             )
+            tag(error, "API-1")
+            raise error
     return strategy

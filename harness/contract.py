@@ -29,6 +29,7 @@ __all__ = [
     "Unsupported",
     "load_factory",
     "parse_strategy_options",
+    "short_value",
     "spec_field_names",
 ]
 
@@ -106,6 +107,11 @@ class Unsupported(Exception):
     def __reduce__(self) -> tuple[Any, ...]:
         # The value may be unpicklable (a class, a mesh): ship its readable form instead.
         return (type(self), (self.reason, self.option, _short(self.value)))
+
+
+def short_value(value: Any) -> str:
+    """A value's readable form, as ``Unsupported`` reports (and pickles) it."""
+    return _short(value)
 
 
 def _short(value: Any) -> str:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from harness.attribution import tag
 from harness.collectives import Collective
 from harness.protocol import ErrorReport, Result
 
@@ -46,6 +47,7 @@ class RemoteError:
         exception: the exception object, when it survived pickling; else ``None``.
         is_distributed: whether it came from torch.distributed (a collective or the store
             failed), which means the process group can no longer be trusted.
+        clause: the clause the rank attributed it to (``harness.clause``), or ``""``.
     """
 
     type_name: str
@@ -53,6 +55,7 @@ class RemoteError:
     traceback: str
     exception: BaseException | None = None
     is_distributed: bool = False
+    clause: str = ""
 
 
 @dataclass
@@ -78,6 +81,8 @@ class Outcome:
         collective_error: the first error a c10d collective raised in the job, also one
             the job caught and went on from.
         trace: the rank's last collectives from NCCL's flight recorder, oldest first.
+        late: violations the job recorded after its property was tested (``ok`` only; see
+            [Note: clause isolation] in :mod:`harness.attribution`).
     """
 
     rank: int
@@ -95,6 +100,7 @@ class Outcome:
     warning_records: tuple[tuple[str, str, str, int], ...] = ()
     collective_error: str = ""
     trace: str = ""
+    late: tuple[Any, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -213,6 +219,17 @@ class RankFailure(Exception):
     def __init__(self, message: str, outcomes: Sequence[Outcome]) -> None:
         super().__init__(message)
         self.outcomes = list(outcomes)
+        clause = self.clause
+        if clause:
+            tag(self, clause)
+
+    @property
+    def clause(self) -> str:
+        """The clause the first failing rank attributed its error to (``""`` if none)."""
+        failing = [o for o in sorted(self.outcomes, key=_failure_order) if not o.ok]
+        errors = [o.error for o in failing if o.error is not None]
+        own = [e for e in errors if not e.is_distributed] or errors
+        return own[0].clause if own else ""
 
     @property
     def failed_ranks(self) -> list[int]:
@@ -232,7 +249,12 @@ def outcome_from_error(rank: int, report: ErrorReport, elapsed: float) -> Outcom
         except Exception:
             exception = None
     error = RemoteError(
-        report.type_name, report.message, report.traceback, exception, report.is_distributed
+        report.type_name,
+        report.message,
+        report.traceback,
+        exception,
+        report.is_distributed,
+        report.clause,
     )
     outcome = Outcome(rank, "raised", error=error, elapsed=elapsed, warnings=report.warnings)
     outcome.collective = report.desync
@@ -253,4 +275,5 @@ def outcome_from_result(rank: int, result: Result, elapsed: float) -> Outcome:
         outcome = Outcome(rank, "ok", value=value, elapsed=elapsed, warnings=result.warnings)
     outcome.warning_records = result.warning_records
     outcome.collective_error = result.collective_error
+    outcome.late = result.late
     return outcome

@@ -103,13 +103,16 @@ class Job:
 class Result:
     """A returned value (pickled on the rank) with the warnings the job emitted (formatted,
     and as ``(category, message, filename, lineno)`` records), and the first collective
-    error the job caught (``collective_error``; a broken collective it went on from)."""
+    error the job caught (``collective_error``; a broken collective it went on from), and the
+    violations recorded after the job's property was tested (``late``: a tuple of
+    :class:`harness.attribution.LateViolation`, see [Note: clause isolation])."""
 
     value: bytes
     warnings: str
     elapsed: float
     warning_records: tuple[tuple[str, str, str, int], ...] = ()
     collective_error: str = ""
+    late: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,8 @@ class ErrorReport:
             entered when the ranks' collectives did not match, if they did not.
         warning_records: the warnings as ``(category, message, filename, lineno)``.
         collective_error: the first error a c10d collective raised during the job.
+        clause: the clause the exception was attributed to on the rank (``harness.clause``),
+            or ``""``.
     """
 
     type_name: str
@@ -140,6 +145,7 @@ class ErrorReport:
     desync: Any = None
     warning_records: tuple[tuple[str, str, str, int], ...] = ()
     collective_error: str = ""
+    clause: str = ""
 
 
 def encode(message: Command | Event) -> bytes:

@@ -18,7 +18,20 @@ import sys
 from types import FrameType
 from typing import Any
 
-__all__ = ["shrink_once"]
+__all__ = ["in_engine", "shrink_once"]
+
+
+def _runner() -> Any:
+    """The running ``ConjectureRunner`` on this thread's stack, or ``None``."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None:
+        runner: Any = frame.f_locals.get("self")
+        if type(runner).__name__ == "ConjectureRunner" and isinstance(
+            getattr(runner, "shrinks", None), int
+        ):
+            return runner
+        frame = frame.f_back
+    return None
 
 
 def shrink_once() -> bool:
@@ -28,15 +41,14 @@ def shrink_once() -> bool:
     """
     engine = sys.modules.get("hypothesis.internal.conjecture.engine")
     limit = getattr(engine, "MAX_SHRINKS", None)
-    if not isinstance(limit, int):
+    runner = _runner() if isinstance(limit, int) else None
+    if runner is None:
         return False
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
-        runner: Any = frame.f_locals.get("self")
-        if type(runner).__name__ == "ConjectureRunner" and isinstance(
-            getattr(runner, "shrinks", None), int
-        ):
-            runner.shrinks = max(runner.shrinks, limit)
-            return True
-        frame = frame.f_back
-    return False
+    runner.shrinks = max(runner.shrinks, limit)
+    return True
+
+
+def in_engine() -> bool:
+    """Whether this example runs inside Hypothesis' search (generating or shrinking), not
+    in the final replay of the failing example that Hypothesis reports."""
+    return _runner() is not None

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness.attribution import clause_of, take_late_violations
 from harness.collectives import CollectiveLog, install_checking, set_checked_timeout
 from harness.context import RankContext
 from harness.flight import flight_recorder_environ, trace_prefix
@@ -332,6 +333,7 @@ class JobRunner:
         start = time.perf_counter()
         self.current_job = command.job_id
         self.log.clear()
+        take_late_violations()  # a violation left over from an aborted job is not this job's
         with capture_warnings() as records:
             try:
                 self.baseline.reset()
@@ -360,7 +362,8 @@ class JobRunner:
             report = report_error(payload, elapsed, warned)
             report = replace(report, warning_records=noted, collective_error=trouble)
             return Event(ERROR, command.job_id, ctx.rank, report)
-        result = Result(payload.value, warned, elapsed, noted, trouble)
+        late = take_late_violations()
+        result = Result(payload.value, warned, elapsed, noted, trouble, late)
         return Event(RESULT, command.job_id, ctx.rank, result)
 
     def state(self, command: Command) -> Event:
@@ -428,4 +431,4 @@ def report_error(exc: BaseException, elapsed: float, warned: str) -> ErrorReport
     is_dist = isinstance(exc, dist.DistError) or (
         type(exc) is RuntimeError and "gloo" in message.lower()
     )
-    return ErrorReport(name, message, text, blob, is_dist, warned, elapsed)
+    return ErrorReport(name, message, text, blob, is_dist, warned, elapsed, clause=clause_of(exc))

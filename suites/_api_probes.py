@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from harness import Unsupported, max_world_size
+from harness.attribution import clause_of
 from suites._run import RankResult, Trained, setup, train
 from suites.models import BlockSpec, ModelSpec, build_model, iter_param_owners, make_batch
 from suites.oracles import gathered_grads, gathered_state
@@ -274,13 +275,15 @@ def _api8(ctx: Any, scenario: Scenario) -> dict[str, Any]:
 
 
 def _probe(out: dict[str, Any], name: str, fn: Callable[..., Any], *args: Any) -> None:
-    """Run one probe; record ``("ok", value)``, ``("unsupported", exc)`` or ``("raised", tb)``."""
+    """Run one probe; record ``("ok", value)``, ``("unsupported", exc)`` or
+    ``("raised", (traceback, clause))``."""
     try:
         out[name] = ("ok", fn(*args))
     except Unsupported as exc:
         out[name] = ("unsupported", exc)
     except (Exception, pytest.fail.Exception) as exc:
-        out[name] = ("raised", "".join(traceback.format_exception(exc)))
+        # the traceback, and the clause a strategy call attributed it to (harness.clause)
+        out[name] = ("raised", ("".join(traceback.format_exception(exc)), clause_of(exc)))
 
 
 def surface_rank(ctx: Any, family: str) -> dict[str, Any]:

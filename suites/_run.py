@@ -12,13 +12,14 @@ configuration into ``hypothesis.reject()`` inside a Hypothesis test (the plugin 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from harness.attribution import clause
 from suites.models import Linear, build_model, make_batch
 from suites.oracles import gathered_grads, gathered_state
 from suites.specs import Scenario
@@ -27,6 +28,7 @@ __all__ = [
     "RankResult",
     "Trained",
     "compute_dtypes",
+    "end",
     "optimizer_state_dtypes",
     "run",
     "setup",
@@ -77,13 +79,23 @@ def setup(ctx: Any, scenario: Scenario, **overrides: Any) -> Trained:
         **overrides: strategy options replacing the scenario's (e.g. ``auto_wrap_policy``).
     """
     options = {**scenario.options(), **overrides}
-    strategy = ctx.make_strategy(scenario.family, **options)
-    strategy.setup_environment()
-    with strategy.module_init_context(empty_init=scenario.empty_init):
+    with clause("API-1"):  # building the strategy and its environment
+        strategy = ctx.make_strategy(scenario.family, **options)
+        strategy.setup_environment()
+    with clause("API-3"), strategy.module_init_context(empty_init=scenario.empty_init):
         model = build_model(scenario.model)
-    model = strategy.setup_module(model)
-    optimizer = strategy.setup_optimizer(scenario.optim.build(model.named_parameters()))
+    with clause("API-2"):
+        model = strategy.setup_module(model)
+        optimizer = strategy.setup_optimizer(scenario.optim.build(model.named_parameters()))
     return Trained(strategy, model, optimizer)
+
+
+def end(*strategies: Any) -> None:
+    """Tear the strategies down; a raising ``teardown`` is a late API-8 violation (reported
+    once as its own finding) that leaves the check's verdict standing."""
+    for strategy in strategies:
+        with clause("API-8", after=True):
+            strategy.teardown()
 
 
 def micro_step(t: Trained, scenario: Scenario, step: int, micro: int, dp_rank: int) -> float:
@@ -92,10 +104,11 @@ def micro_step(t: Trained, scenario: Scenario, step: int, micro: int, dp_rank: i
     x, y = make_batch(scenario.model, plan.data_seed, step, micro, dp_rank, plan.batch_size)
     device = t.strategy.root_device
     x = t.strategy.precision.convert_input(x.to(device))
-    with t.strategy.precision.forward_context():
+    with clause("API-2"), t.strategy.precision.forward_context():
         out = t.model(x)
     loss = F.mse_loss(out.float(), y.to(device)) * plan.loss_scale
-    t.strategy.backward(loss / plan.micro_batches, t.model)
+    with clause("API-4"):
+        t.strategy.backward(loss / plan.micro_batches, t.model)
     return float(loss.detach())
 
 
@@ -125,15 +138,17 @@ def train(
         losses = []
         for micro in range(plan.micro_batches):
             accumulate = micro < plan.micro_batches - 1
-            with t.strategy.no_backward_sync(t.model, enabled=accumulate):
+            with clause("SYNC-1"), t.strategy.no_backward_sync(t.model, enabled=accumulate):
                 losses.append(micro_step(t, scenario, step, micro, result.dp_rank))
         result.losses.append(losses)
         if plan.clip is not None:
-            norm = t.strategy.clip_gradients_norm(t.model, t.optimizer, max_norm=plan.clip)
+            with clause("CLIP-1"):
+                norm = t.strategy.clip_gradients_norm(t.model, t.optimizer, max_norm=plan.clip)
             result.norms.append(float(norm))
         if grads and step == steps - 1:
             result.grads = gathered_grads(t.model)
-        t.strategy.optimizer_step(t.optimizer)
+        with clause("API-4"):
+            t.strategy.optimizer_step(t.optimizer)
         t.optimizer.zero_grad()
 
 
@@ -149,17 +164,32 @@ def train_rank(ctx: Any, scenario: Scenario, grads: bool = False) -> RankResult:
     result = RankResult(rank=ctx.rank, dp_rank=t.strategy.distributed_sampler_kwargs["rank"])
     train(t, scenario, result, grads=grads)
     result.state = gathered_state(t.model)
-    t.strategy.teardown()
+    end(t.strategy)
     return result
 
 
 def run(fn: Callable[..., Any], *args: Any, world_size: int) -> list[Any]:
     """``harness.run_on_ranks``, with ``Unsupported`` turned into ``hypothesis.reject()``
-    inside a Hypothesis test (re-raised outside one, for the plugin to report)."""
-    from harness import Unsupported, run_on_ranks
+    inside a Hypothesis test (re-raised outside one, for the plugin to report).
 
+    A scenario among ``args`` whose option value the strategy already refused in this session
+    is refused again without a rank job (see :mod:`harness.conformance.economy`).
+    """
+    from harness import Unsupported, run_on_ranks
+    from harness.conformance.economy import REFUSALS
+
+    scenarios = _scenarios_in(args)
     try:
-        return run_on_ranks(fn, *args, world_size=world_size)
+        for scenario in scenarios:
+            known = REFUSALS.refused(scenario.family, scenario.options())
+            if known is not None:
+                raise known  # a remembered refusal: no rank job
+        try:
+            return run_on_ranks(fn, *args, world_size=world_size)
+        except Unsupported as exc:
+            for scenario in scenarios:
+                REFUSALS.remember(scenario.family, scenario.options(), exc)
+            raise
     except Unsupported:
         from hypothesis import reject
         from hypothesis.control import currently_in_test_context
@@ -167,6 +197,17 @@ def run(fn: Callable[..., Any], *args: Any, world_size: int) -> list[Any]:
         if currently_in_test_context():
             reject()
         raise
+
+
+def _scenarios_in(args: tuple[Any, ...]) -> list[Scenario]:
+    """The scenarios among ``args`` and their fields (a checkpoint plan's save and load)."""
+    found: list[Scenario] = []
+    for arg in args:
+        if isinstance(arg, Scenario):
+            found.append(arg)
+        elif is_dataclass(arg) and not isinstance(arg, type):
+            found += [v for v in vars(arg).values() if isinstance(v, Scenario)]
+    return found
 
 
 def compute_dtypes(t: Trained, scenario: Scenario) -> dict[str, str]:

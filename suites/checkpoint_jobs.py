@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from suites._run import RankResult, Trained, setup, train
+from suites._run import RankResult, Trained, end, setup, train
 from suites.checkpoint_checks import files_digest
 from suites.checkpoint_plans import CkptPlan, format_options, make_metadata, plain_metadata
 from suites.models import BlockSpec, ModelSpec, build_model, clean_name
@@ -89,7 +89,7 @@ def save_rank(ctx: Any, plan: CkptPlan, path: str) -> dict[str, Any]:
     t.strategy.save_checkpoint(path, state)
     out = read_state(t)  # after the save: reading may initialize a never-stepped optimizer
     out["world_size"] = ctx.world_size
-    t.strategy.teardown()
+    end(t.strategy)
     return out
 
 
@@ -110,8 +110,8 @@ def load_rank(ctx: Any, plan: CkptPlan, path: str, resave: str | None = None) ->
         g = build(ctx, plan.load, fmt)
         g.strategy.load_checkpoint(resave, {"model": g.model, "optimizer": g.optimizer})
         out["again"] = read_state(g)
-        g.strategy.teardown()
-    f.strategy.teardown()
+        end(g.strategy)
+    end(f.strategy)
     return out
 
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from suites._contract import SPEC, build
-from suites._run import RankResult, micro_step, setup, train
+from suites._run import RankResult, end, micro_step, setup, train
 from suites.models import Linear, build_model
 from suites.oracles import gathered_state
 from suites.specs import MPConfig, Scenario
@@ -128,7 +128,7 @@ def observed_train_rank(ctx: Any, scenario: Scenario, offload: str | None) -> Ra
     result.extra["compute"] = compute
     result.extra["cuda"] = f"cuda:{_expected_index(ctx)}"
     result.state = gathered_state(t.model)
-    t.strategy.teardown()
+    end(t.strategy)
     return result
 
 
@@ -155,7 +155,7 @@ def skip_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
         "grad_devices": devices,
         "cuda": f"cuda:{_expected_index(ctx)}",
     }
-    t.strategy.teardown()
+    end(t.strategy)
     return out
 
 
@@ -175,5 +175,5 @@ def device_rank(ctx: Any, family: str) -> dict[str, Any]:
         "params": _placement(model)["devices"],
         "all_reduce": (str(reduced.device), reduced.tolist()),
     }
-    strategy.teardown()
+    end(strategy)
     return out

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from harness import run_on_ranks
+from harness.attribution import tag
 from suites._api_probes import (
     FAMILIES,
     LOSS_DOWN,
@@ -62,9 +63,19 @@ def _values(family: str, probe: str) -> list[Any]:
     for kind, value in records:
         if kind == "unsupported":
             raise value
-    failed = [f"rank {r}: {value}" for r, (kind, value) in enumerate(records) if kind != "ok"]
+    failed = [(r, value) for r, (kind, value) in enumerate(records) if kind != "ok"]
     if failed:
-        pytest.fail(f"{family} {probe} raised on the ranks:\n" + "\n".join(failed), pytrace=False)
+        # first line: the first rank's exception (so one cause reads alike in every probe);
+        # tagged with the clause the rank attributed it to
+        first_rank, (first_tb, clause) = failed[0]
+        last = [line for line in first_tb.strip().splitlines() if line.strip()][-1]
+        stories = "\n".join(f"rank {r}: {tb}" for r, (tb, _) in failed)
+        error = pytest.fail.Exception(
+            f"rank {first_rank}: {last}\n{family} {probe} raised on the ranks:\n{stories}",
+            pytrace=False,
+        )
+        tag(error, clause)
+        raise error
     return [value for _, value in records]
 
 

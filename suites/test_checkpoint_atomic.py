@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 
 from harness import RankFailure
 from harness.api import current_config
-from suites._run import run
+from suites._run import end, run
 from suites.checkpoint_checks import assert_same_model, assert_same_optim, files_digest
 from suites.checkpoint_jobs import build, path_for, read_state, train_plan
 from suites.checkpoint_plans import CkptPlan, ckpt_plans, examples, fresh_metadata, make_metadata
@@ -75,7 +75,7 @@ def _save_old_rank(ctx: Any, plan: CkptPlan, path: str) -> dict[str, Any]:
         path, {"model": t.model, "optimizer": t.optimizer, **make_metadata(plan.meta)}
     )
     saved = read_state(t)
-    t.strategy.teardown()
+    end(t.strategy)
     return saved
 
 
@@ -91,7 +91,7 @@ def _faulty_save_rank(ctx: Any, plan: CkptPlan, path: str, fault: str) -> str:
     except BaseException as exc:  # CheckpointException is a BaseException
         return f"{type(exc).__name__}: {str(exc)[:200]}"
     finally:
-        t.strategy.teardown()
+        end(t.strategy)
     return "no error"
 
 
@@ -100,7 +100,7 @@ def _load_rank(ctx: Any, plan: CkptPlan, path: str) -> dict[str, Any]:
     state = {"model": f.model, "optimizer": f.optimizer, **fresh_metadata(plan.requested)}
     f.strategy.load_checkpoint(path, state)
     loaded = read_state(f)
-    f.strategy.teardown()
+    end(f.strategy)
     return loaded
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from suites._run import run
+from suites._run import end, run
 from suites.checkpoint_checks import check_refusal, tree_diff
 from suites.checkpoint_jobs import (
     ERROR_SPEC,
@@ -45,7 +45,7 @@ def _save_contract_rank(ctx: Any, family: str, directory: str) -> dict[str, Any]
         ),
         "exists": os.path.exists(path),
     }
-    t.strategy.teardown()
+    end(t.strategy)
     return out
 
 
@@ -83,8 +83,8 @@ def _rank0_path_rank(ctx: Any, family: str, directory: str) -> dict[str, Any]:
             os.path.join(directory, f"{fmt}-rank0"), {"model": f.model, "optimizer": f.optimizer}
         )
         out[fmt]["loaded"] = read_state(f)
-        t.strategy.teardown()
-        f.strategy.teardown()
+        end(t.strategy)
+        end(f.strategy)
     return out
 
 
@@ -130,8 +130,8 @@ def _replace_rank(ctx: Any, family: str, directory: str) -> dict[str, Any]:
     out["sharded_over_file"] = os.path.isdir(a_file) and os.path.isfile(
         os.path.join(a_file, ".metadata")
     )
-    full.strategy.teardown()
-    sharded.strategy.teardown()
+    end(full.strategy)
+    end(sharded.strategy)
     return out
 
 
@@ -183,8 +183,8 @@ def _filter_rank(ctx: Any, family: str, directory: str) -> dict[str, Any]:
         directory,
     )
     out["sharded_exists"] = os.path.exists(never)
-    full.strategy.teardown()
-    sharded.strategy.teardown()
+    end(full.strategy)
+    end(sharded.strategy)
     return out
 
 

@@ -23,7 +23,7 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from suites._run import run
+from suites._run import end, run
 from suites.checkpoint_checks import (
     assert_loaded_equals_saved,
     assert_same_model,
@@ -72,7 +72,7 @@ def _load_plain_rank(ctx: Any, plan: CkptPlan, path: str, layout: str) -> dict[s
     optimizer: Any = f.optimizer if layout == "plain" else [f.optimizer]
     f.strategy.load_checkpoint(path, {keys[0]: f.model, keys[1]: optimizer})
     out = read_state(f)
-    f.strategy.teardown()
+    end(f.strategy)
     return out
 
 
@@ -168,7 +168,7 @@ def _trainer_save_rank(ctx: Any, scenario: Scenario, path: str) -> dict[str, Any
     state = {"state_dict": model, "optimizer_states": optimizers, "epoch": 2, "global_step": 9}
     strategy.save_checkpoint(path, state)
     out = _read_all(model, optimizers)
-    strategy.teardown()
+    end(strategy)
     return out
 
 
@@ -189,7 +189,7 @@ def _trainer_load_rank(ctx: Any, scenario: Scenario, path: str) -> dict[str, Any
         "unchanged": unchanged,
         "epoch": state["epoch"],
     }
-    strategy.teardown()
+    end(strategy)
     return out
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from suites._run import run
+from suites._run import end, run
 from suites.checkpoint_checks import check_refusal, files_digest, tree_diff
 from suites.checkpoint_jobs import ERROR_SPEC, attempt, build, error_scenario, read_state
 from suites.models import build_model
@@ -61,7 +61,7 @@ def _load_contract_rank(ctx: Any, family: str, directory: str, bare: str) -> dic
         shard.write_bytes(shard.read_bytes()[:16])
     t.strategy.barrier()
     out["torn"] = attempt(lambda: load(sharded, {"model": t.model}), directory)
-    t.strategy.teardown()
+    end(t.strategy)
     return out
 
 
@@ -132,8 +132,8 @@ def _unpickling_rank(ctx: Any, family: str, directory: str, marker: str) -> dict
         "ran": os.path.exists(marker),
         "digest": files_digest(directory),
     }
-    full.strategy.teardown()
-    sharded.strategy.teardown()
+    end(full.strategy)
+    end(sharded.strategy)
     return out
 
 

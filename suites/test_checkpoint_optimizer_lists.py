@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
-from suites._run import run
+from suites._run import end, run
 from suites.checkpoint_checks import (
     assert_same_model,
     assert_same_optim,
@@ -109,8 +109,8 @@ def _sharded_list_rank(ctx: Any, plan: CkptPlan, path: str) -> dict[str, Any]:
         "refused": refused,
         "returned": dict(returned or {}),
     }
-    strategy.teardown()
-    fresh.teardown()
+    end(strategy)
+    end(fresh)
     return out
 
 
@@ -122,7 +122,7 @@ def _full_list_rank(ctx: Any, plan: CkptPlan, path: str) -> dict[str, Any]:
     state: dict[str, Any] = {"model": model, LIST_KEY: optimizers, "epoch": 0}
     strategy.load_checkpoint(path, state)
     out = {**_read_all(model, optimizers), "epoch": state["epoch"]}
-    strategy.teardown()
+    end(strategy)
     return out
 
 

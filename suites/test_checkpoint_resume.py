@@ -35,7 +35,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from suites._run import micro_step, run
+from suites._run import end, micro_step, run
 from suites.checkpoint_jobs import build, path_for
 from suites.checkpoint_plans import FAMILIES, FORMATS, load_scenarios
 from suites.models import make_batch
@@ -95,7 +95,7 @@ def segment_rank(ctx: Any, segment: Segment) -> dict[str, Any]:
         else:
             t.strategy.save_checkpoint(op.path, {"model": t.model, "optimizer": t.optimizer})
     state = gathered_state(t.model)
-    t.strategy.teardown()
+    end(t.strategy)
     return {"state": state}
 
 

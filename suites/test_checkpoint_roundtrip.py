@@ -17,7 +17,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from suites._run import run
+from suites._run import end, run
 from suites.checkpoint_checks import assert_same_model, assert_same_optim, tree_diff
 from suites.checkpoint_jobs import (
     build,
@@ -79,8 +79,8 @@ def _round_trip_rank(ctx: Any, plan: CkptPlan, directory: str) -> dict[str, Any]
     train_plan(t, plan.save, steps=1)
     train_plan(f, plan.load, steps=1)
     out["after_step"] = (read_state(t)["model"], read_state(f)["model"])
-    t.strategy.teardown()
-    f.strategy.teardown()
+    end(t.strategy)
+    end(f.strategy)
     return out
 
 

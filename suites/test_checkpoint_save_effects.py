@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from suites._run import run
+from suites._run import end, run
 from suites.checkpoint_checks import tree_diff
 from suites.checkpoint_jobs import build, path_for, read_state, train_plan
 from suites.checkpoint_plans import CkptPlan, ckpt_plans, examples, make_metadata, plain_metadata
@@ -59,8 +59,8 @@ def _save_changes_nothing_rank(ctx: Any, plan: CkptPlan, directory: str) -> dict
     train_plan(saver, plan.save, steps=1)
     train_plan(twin, plan.save, steps=1)
     out["next_step"] = (read_state(saver), read_state(twin))
-    saver.strategy.teardown()
-    twin.strategy.teardown()
+    end(saver.strategy)
+    end(twin.strategy)
     return out
 
 

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from suites._run import run
+from suites._run import end, run
 from suites.checkpoint_checks import check_refusal, tree_diff
 from suites.checkpoint_jobs import attempt, build, read_state, train_plan
 from suites.checkpoint_plans import CkptPlan, ckpt_plans, examples
@@ -70,8 +70,8 @@ def _strict_rank(ctx: Any, plan: CkptPlan, directory: str) -> dict[str, Any]:
             lambda: a.strategy.load_checkpoint(without, {"model": a.model, "absent": 1}), directory
         ),
     }
-    a.strategy.teardown()
-    b.strategy.teardown()
+    end(a.strategy)
+    end(b.strategy)
     return out
 
 
@@ -129,8 +129,8 @@ def _non_strict_rank(ctx: Any, plan: CkptPlan, directory: str) -> dict[str, Any]
         ),
         directory,
     )
-    a.strategy.teardown()
-    b.strategy.teardown()
+    end(a.strategy)
+    end(b.strategy)
     return out
 
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 
 from suites._inspect import fsdp2_units, sync_flags
-from suites._run import run, setup, train_rank
+from suites._run import end, run, setup, train_rank
 from suites.models import BlockSpec, ModelSpec, build_model, clean_name
 from suites.oracles import assert_parity
 from suites.parallelize import expected_tp_placements, parallelize_zoo
@@ -46,7 +46,7 @@ def _mesh_rank(ctx: Any, dp: int, tp: int) -> dict[str, Any]:
         given_mesh is mesh
         or tuple(given_mesh.mesh.flatten().tolist()) == tuple(mesh.mesh.flatten().tolist())
     )
-    strategy.teardown()
+    end(strategy)
     return out
 
 
@@ -85,7 +85,7 @@ def _layout_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
         local = p.to_local() if hasattr(p, "to_local") else p
         params[clean_name(name)] = (placements, tuple(local.shape), tuple(p.shape))
     out = {"params": params, "units": fsdp2_units(t.model)}
-    t.strategy.teardown()
+    end(t.strategy)
     return out
 
 
@@ -133,7 +133,7 @@ def _switch_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
         with t.strategy.no_backward_sync(t.model, enabled=True):
             pass
         out["user_after"] = sync_flags(t.model)
-    t.strategy.teardown()
+    end(t.strategy)
     return out
 
 

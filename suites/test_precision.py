@@ -11,7 +11,15 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from suites._run import compute_dtypes, micro_step, optimizer_state_dtypes, run, setup, train_rank
+from suites._run import (
+    compute_dtypes,
+    end,
+    micro_step,
+    optimizer_state_dtypes,
+    run,
+    setup,
+    train_rank,
+)
 from suites.models import Scale, clean_name
 from suites.oracles import (
     assert_close,
@@ -62,7 +70,7 @@ def _dtype_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
         if policy is not None and hasattr(policy, "reduce_dtype"):
             reduce.add(str(policy.reduce_dtype))
     out["reduce"] = sorted(reduce)
-    t.strategy.teardown()
+    end(t.strategy)
     return out
 
 
@@ -154,7 +162,7 @@ def _skip_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
     micro_step(t, scenario, 1, 0, dp_rank)
     t.strategy.optimizer_step(t.optimizer)
     out = {"initial": initial, "skipped": skipped, "stepped": gathered_state(t.model)}
-    t.strategy.teardown()
+    end(t.strategy)
     return out
 
 
@@ -176,7 +184,7 @@ def _buffer_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
     micro_step(t, scenario, 0, 0, t.strategy.distributed_sampler_kwargs["rank"])
     seen = {clean_name(n): m.seen_dtype for n, m in t.model.named_modules() if isinstance(m, Scale)}
     state = gathered_state(t.model)
-    t.strategy.teardown()
+    end(t.strategy)
     buffer = state.get("scale.scale")
     return {
         "seen": seen.get("scale"),

@@ -19,7 +19,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from suites._run import Trained, compute_dtypes, optimizer_state_dtypes, run, train_rank
+from suites._run import Trained, compute_dtypes, end, optimizer_state_dtypes, run, train_rank
 from suites.checkpoint_plans import examples
 from suites.models import build_model
 from suites.oracles import assert_parity
@@ -72,7 +72,7 @@ def _dtype_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
     t.strategy.optimizer_step(t.optimizer)
     out["optim"] = optimizer_state_dtypes(t.optimizer)
     out["stepped"] = sorted({str(p.dtype) for p in t.model.parameters()})
-    t.strategy.teardown()
+    end(t.strategy)
     return out
 
 

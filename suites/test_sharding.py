@@ -15,7 +15,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from suites._inspect import checkpoint_wrapped, fsdp1_units, nested_checkpoint_wrappers
-from suites._run import run, setup, train_rank
+from suites._run import end, run, setup, train_rank
 from suites.models import BlockSpec, ModelSpec, build_model
 from suites.oracles import (
     assert_close_state,
@@ -48,7 +48,7 @@ def _shard_factor(config: FSDPConfig, world: int) -> int:
 def _layout_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
     t = setup(ctx, scenario)
     out = {"units": fsdp1_units(t.model), "state": gathered_state(t.model)}
-    t.strategy.teardown()
+    end(t.strategy)
     return out
 
 
@@ -93,7 +93,7 @@ def test_gathered_parameters_identical_on_every_rank(scenario: Scenario) -> None
 def _units_rank(ctx: Any, scenario: Scenario) -> list[str]:
     t = setup(ctx, scenario)
     units = sorted(fsdp1_units(t.model))
-    t.strategy.teardown()
+    end(t.strategy)
     return units
 
 
@@ -133,7 +133,7 @@ def _prewrapped_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
         warnings.simplefilter("always")
         model = strategy.setup_module(model)
     out = {"units": sorted(fsdp1_units(model)), "warnings": [str(w.message) for w in caught]}
-    strategy.teardown()
+    end(strategy)
     return out
 
 
@@ -153,7 +153,7 @@ def test_a_module_the_user_wrapped_is_kept_and_the_policy_ignored() -> None:
 def _ac_rank(ctx: Any, scenario: Scenario) -> dict[str, list[str]]:
     t = setup(ctx, scenario)
     out = {"wrapped": checkpoint_wrapped(t.model), "nested": nested_checkpoint_wrappers(t.model)}
-    t.strategy.teardown()
+    end(t.strategy)
     return out
 
 
@@ -187,7 +187,7 @@ def _prechecked_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
         "nested": nested_checkpoint_wrappers(model),
         "warnings": [str(w.message) for w in caught],
     }
-    strategy.teardown()
+    end(strategy)
     return out
 
 

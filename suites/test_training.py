@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from suites._inspect import sync_flags
-from suites._run import RankResult, micro_step, run, setup, train_rank
+from suites._run import RankResult, end, micro_step, run, setup, train_rank
 from suites.models import Scale, build_model, clean_name, make_batch
 from suites.oracles import (
     assert_close,
@@ -71,7 +71,7 @@ def _frozen_tied_rank(ctx: Any, scenario: Scenario) -> RankResult:
         by_id.setdefault(id(param), []).append(clean_name(name))
     result.extra["shared"] = sorted(sorted(names) for names in by_id.values() if len(names) > 1)
     result.state = gathered_state(t.model)
-    t.strategy.teardown()
+    end(t.strategy)
     return result
 
 
@@ -153,7 +153,7 @@ def _no_sync_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
     t.strategy.optimizer_step(t.optimizer)
     result.state = gathered_state(t.model)
     out["result"] = result
-    t.strategy.teardown()
+    end(t.strategy)
     return out
 
 
@@ -217,7 +217,7 @@ def _type_error_rank(ctx: Any, family: str, which: str) -> str:
     except TypeError as exc:
         return f"TypeError: {exc}"
     finally:
-        strategy.teardown()
+        end(strategy)
     return "no error"
 
 
@@ -285,7 +285,7 @@ def _nonfinite_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
         t.model, t.optimizer, max_norm=1e-3, error_if_nonfinite=False
     )
     out["norm"] = float(norm)
-    t.strategy.teardown()
+    end(t.strategy)
     return out
 
 
@@ -318,7 +318,7 @@ def _init_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
             ids.setdefault(id(param), []).append(clean_name(name))
         shared = sorted(sorted(v) for v in ids.values() if len(v) > 1)
     out = {"state": gathered_state(t.model), "offsets": offsets, "shared": shared}
-    t.strategy.teardown()
+    end(t.strategy)
     return out
 
 

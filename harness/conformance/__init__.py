@@ -6,7 +6,9 @@ and the contract's clauses (:mod:`harness.clauses`, ``CONTRACT.md``) of its
 ``@pytest.mark.clause(...)`` markers. Each check ends with one outcome (``passed``,
 ``failed``, ``error``, ``unsupported``, ``environment``, ``xfailed``, or ``not run`` for a
 check an interrupted or stopped session never reached); a deselected check is listed in the
-report's ``selection``. ``--list-clauses`` prints the contract and exits.
+report's ``selection``. Failures are grouped into findings, one per root cause, each under the
+clause it breaks (:mod:`~harness.conformance.findings`); a check stopped by another clause's
+violation is ``blocked``. ``--list-clauses`` prints the contract and exits.
 
 Modules: :mod:`~harness.conformance.checks` (ids, outcomes, the expected-failures file),
 :mod:`~harness.conformance.unsupported` (``Unsupported`` under pytest and Hypothesis),
@@ -60,6 +62,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="fail the run if any check is not passed or environment (unsupported, xfailed, "
         "error, failed), so an all-skipped run never looks green.",
+    )
+    group.addoption(
+        "--shrink-budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="seconds Hypothesis may spend shrinking one failing check (0: no limit); default "
+        "by profile: ci 20, dev 120, nightly Hypothesis' own limits. A failure another check "
+        "already found is not shrunk again.",
     )
     group.addoption(
         "--conformance-report",

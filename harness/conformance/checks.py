@@ -64,6 +64,15 @@ class Check:
     duration_s: float = 0.0
     unsupported: list[str] = field(default_factory=list)
     examples_ran: int = 0
+    family: str = ""
+    finding: str = ""  # the finding its failure belongs to (failed, blocked)
+    failed_clauses: list[str] = field(default_factory=list)  # what the failure broke
+    blocked_by: str = ""  # the other clause whose violation kept it from its property
+    late_findings: list[str] = field(default_factory=list)  # recorded after its property
+    first_failure_at: float | None = None  # perf_counter of its first failing example
+    stop_shrinking: bool = False  # its failure is known (or over budget): shrink no more
+    rank_jobs: int = 0  # rank jobs its examples dispatched (shrinking included)
+    remembered_in_a_row: int = 0  # examples refused from memory since the last other one
 
     def record_unsupported(self, description: str) -> None:
         """Remember one ``unsupported: ...`` description (each distinct one once)."""
@@ -80,7 +89,13 @@ class Check:
         return f"{first}; also {others}{more}"
 
     def settle(self, outcome: str, message: str | None, text: str = "") -> None:
-        """Take ``outcome`` if it is worse than the current one (phases: the worst wins)."""
+        """Take ``outcome`` if it is worse than the current one (phases: the worst wins).
+
+        A failure attributed to a clause the check does not declare makes it ``blocked``.
+        """
+        if outcome == "failed" and self.blocked_by:
+            outcome = "blocked"
+            message = f"blocked by {self.blocked_by} ({self.finding}): {message}"
         if self.outcome is None or SEVERITY.index(outcome) < SEVERITY.index(self.outcome):
             self.outcome, self.failure, self.text = outcome, message, text
 

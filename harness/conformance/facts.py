@@ -180,7 +180,8 @@ def _user_seed(args: Sequence[str]) -> str | None:
 
 
 def reproducer(config: pytest.Config, nodeid: str, text: str) -> str:
-    """A one-line command that reruns just this check, with Hypothesis' seed and blob.
+    """A one-line command that reruns just this check, with Hypothesis' seed and blob, and
+    the ``PYTHONPATH`` the run had (so it works when pasted in the same directory).
 
     Args:
         config: the run's config (its command line supplies ``-p`` and shardcheck options).
@@ -199,6 +200,9 @@ def reproducer(config: pytest.Config, nodeid: str, text: str) -> str:
     if seed_value is not None:
         words.append(f"--hypothesis-seed={seed_value}")
     line = " ".join(shlex.quote(w) for w in words)
+    path = os.environ.get("PYTHONPATH")
+    if path:  # the factory's module may be importable only through it
+        line = f"PYTHONPATH={shlex.quote(path)} {line}"
     attach = current_config().attach
     if attach is not None:  # the same check, on torchrun ranks of the same shape
         line = (

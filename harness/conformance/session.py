@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import fnmatch
+import re
+import time
 from collections.abc import Generator
 from typing import Any
 
 import pytest
 
+from harness.attribution import take_noted
 from harness.conformance import facts
 from harness.conformance.checks import (
     Check,
@@ -18,10 +21,23 @@ from harness.conformance.checks import (
     load_expected_failures,
     not_run_reason,
 )
+from harness.conformance.economy import REFUSALS, SHRINK_SECONDS, ShrinkPolicy, attributed_clauses
+from harness.conformance.findings import (
+    Finding,
+    Findings,
+    attribute,
+    is_failure,
+    late_attribution,
+)
 from harness.conformance.summary import write_summary
 from harness.conformance.unsupported import rejecting, running, skip_exception
 from harness.contract import Unsupported
-from harness.report import CONFORMING, NOT_RUN, CheckResult, Report
+from harness.report import CONFORMING, NOT_RUN, CheckResult, FindingResult, Report
+
+#: checks in a row that fail alike, with none passed, before the run stops (one bug everywhere)
+SAME_FINDING_STOP = 3
+_FAMILY_WORDS = {"fsdp": "fsdp", "model_parallel": "model_parallel"}
+_EXAMPLE = re.compile(r"^(Falsifying (?:explicit )?example:.*?)(?:\n\S|\Z)", re.S | re.M)
 
 __all__ = ["ConformancePlugin"]
 
@@ -49,6 +65,38 @@ def _clauses_of(item: pytest.Item) -> list[str]:
                 )
             clauses.add(arg.strip())
     return sorted(clauses)
+
+
+def _family(item: pytest.Item, clauses: list[str]) -> str:
+    """The family a check is about: its ``family`` parameter, a family word in its parameter
+    id, or its clauses' prefix (``MP-``: model_parallel); ``""`` for a check of both."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if params.get("family") in _FAMILY_WORDS:
+        return str(params["family"])
+    words = re.split(r"[\[\]\-_.]", item.nodeid.partition("[")[2])
+    joined = item.nodeid.partition("[")[2]
+    if "model_parallel" in joined:
+        return "model_parallel"
+    if "fsdp" in words:
+        return "fsdp"
+    if clauses and all(c.startswith("MP-") for c in clauses):
+        return "model_parallel"
+    return ""
+
+
+def _example(text: str) -> str:
+    """Hypothesis' falsifying example in a failure's text, or ``""``."""
+    match = _EXAMPLE.search(text)
+    return match.group(1).strip() if match else ""
+
+
+def _shrink_budget(config: pytest.Config) -> float | None:
+    value = config.getoption("shrink_budget", None)
+    if value is not None:
+        return None if value <= 0 else float(value)
+    from hypothesis import settings
+
+    return SHRINK_SECONDS.get(settings.get_current_profile_name())
 
 
 def _world_sizes(item: pytest.Item) -> list[int]:
@@ -80,6 +128,19 @@ class ConformancePlugin:
         self.deselected: list[str] = []
         self.matched_patterns: set[str] = set()
         self.report: Report | None = None
+        self.findings = Findings()
+        self.started = time.perf_counter()
+        self.policy = ShrinkPolicy(None, self.findings)
+        self.session: pytest.Session | None = None
+        self.passed_any = False
+        self.finished: list[Check] = []  # checks whose call ended, in order
+        REFUSALS.clear()
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """Take the session (to stop it) and the shrink budget of the loaded profile."""
+        self.session = session
+        self.started = time.perf_counter()
+        self.policy.budget_s = _shrink_budget(self.config)
 
     # -- collection -----------------------------------------------------------------------
 
@@ -95,7 +156,9 @@ class ConformancePlugin:
         """Make a check per item, mark expected failures, deselect by ``--clauses``."""
         kept, dropped = [], []
         for item in items:
-            check = Check(check_id(item), item.nodeid, _clauses_of(item), _world_sizes(item))
+            clauses = _clauses_of(item)
+            check = Check(check_id(item), item.nodeid, clauses, _world_sizes(item))
+            check.family = _family(item, clauses)
             self.checks[item.nodeid] = check
             self.collected_ids.add(check.id)
             reason = self.expected.get(check.id)
@@ -133,8 +196,14 @@ class ConformancePlugin:
         check = self.checks.get(item.nodeid)
         if check is None:
             return (yield)
-        with running(check):
-            return (yield)
+        from harness.api import jobs_dispatched
+
+        before = jobs_dispatched()
+        try:
+            with running(check):
+                return (yield)
+        finally:
+            check.rank_jobs += jobs_dispatched() - before
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, Any, Any]:
@@ -156,7 +225,7 @@ class ConformancePlugin:
         handle = getattr(getattr(item, "obj", None), "hypothesis", None)
         inner = getattr(handle, "inner_test", None)
         if inner is not None:
-            handle.inner_test = rejecting(inner, check)  # type: ignore[union-attr]
+            handle.inner_test = rejecting(inner, check, self.policy)  # type: ignore[union-attr]
         try:
             result = yield
         except Unsupported as exc:
@@ -165,6 +234,10 @@ class ConformancePlugin:
             if check.unsupported and check.examples_ran == 0:
                 raise skip_exception(check.unsupported_reason()) from None
             raise
+        except BaseException as exc:
+            if is_failure(exc) and check.id:
+                self._attribute(check, exc)
+            raise
         finally:
             if inner is not None:
                 handle.inner_test = inner  # type: ignore[union-attr]
@@ -172,15 +245,58 @@ class ConformancePlugin:
             raise skip_exception(check.unsupported_reason())
         return result
 
+    def _attribute(self, check: Check, exc: BaseException) -> Finding:
+        """Give the check's failure its clause(s) and its finding."""
+        attribution = self.findings.resolve(attribute(exc))
+        clauses, blocked_by = attributed_clauses(check.clauses, attribution)
+        elapsed = time.perf_counter() - self.started
+        finding = self.findings.record(attribution, clauses, check.id, elapsed_s=elapsed)
+        check.finding, check.failed_clauses, check.blocked_by = finding.id, clauses, blocked_by
+        return finding
+
+    def _note_late(self, check: Check) -> None:
+        """Findings from violations recorded after the check's property (its verdict stands)."""
+        for _rank, violation in take_noted():
+            elapsed = time.perf_counter() - self.started
+            finding = self.findings.record(
+                late_attribution(violation),
+                [violation.clause],
+                check.id,
+                late=True,
+                elapsed_s=elapsed,
+            )
+            if finding.id not in check.late_findings:
+                check.late_findings.append(finding.id)
+
+    def _stop_if_one_bug_everywhere(self) -> None:
+        """Stop the run when the first checks all fail alike and none has passed."""
+        ran = [c for c in self.finished if c.outcome not in ("unsupported", "environment")]
+        recent = ran[-SAME_FINDING_STOP:]
+        if self.passed_any or len(recent) < SAME_FINDING_STOP or self.session is None:
+            return
+        if len({c.finding for c in recent}) != 1 or not recent[0].finding:
+            return
+        finding = next(f for f in self.findings if f.id == recent[0].finding)
+        self.session.shouldfail = (
+            f"the first {len(ran)} checks that ran all failed with finding {finding.id} "
+            f"({finding.signature}) and none passed: the strategy fails the same way "
+            "everywhere; fix that and run again"
+        )
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Fold each phase's report into the check's outcome (the worst phase wins)."""
         check = self.checks.get(report.nodeid)
         if check is None:
             return
         check.duration_s += report.duration
+        self._note_late(check)
         outcome, message = classify_report(report)
         if outcome is not None:
             check.settle(outcome, message, failure_text(report))
+        if report.when == "teardown":
+            self.finished.append(check)
+            self.passed_any = self.passed_any or check.outcome == "passed"
+            self._stop_if_one_bug_everywhere()
 
     # -- the end --------------------------------------------------------------------------
 
@@ -198,12 +314,38 @@ class ConformancePlugin:
         directory = self.config.getoption("conformance_report")
         if directory:
             self.report.write(directory)
-        bad = [c for c in self.report.checks if c.outcome not in CONFORMING]
+        bad = [c.id for c in self.report.checks if c.outcome not in CONFORMING]
+        late = [f.id for f in self.report.findings if f.late]
+        if late and session.exitstatus == 0:  # a violation, though no check failed on it
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.config.getoption("conformance_strict") and bad and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
+    def _finding_results(self, checks: list[CheckResult]) -> list[FindingResult]:
+        by_id = {c.id: c for c in checks}
+        texts = {c.id: c.text for c in self.checks.values()}
+        results = []
+        for f in self.findings:
+            first = by_id.get(f.first_check)
+            results.append(
+                FindingResult(
+                    id=f.id,
+                    clauses=list(f.clauses),
+                    signature=f.signature,
+                    message=f.attribution.message,
+                    where=f.attribution.where,
+                    checks=list(f.checks),
+                    example=_example(texts.get(f.first_check, "")),
+                    reproduce=first.reproducer if first else "",
+                    late=f.late,
+                    found_after_s=f.found_after_s,
+                )
+            )
+        return results
+
     def build_report(self) -> Report:
         """The report of this session, from the checks as they stand."""
+        failing = ("failed", "blocked", "desync", "hang", "xfailed")
         checks = [
             CheckResult(
                 id=c.id,
@@ -212,6 +354,10 @@ class ConformancePlugin:
                 duration_s=round(c.duration_s, 4),
                 failure=c.failure,
                 reproducer=facts.reproducer(self.config, c.nodeid, c.text),
+                finding=c.finding or None if c.outcome in failing else None,
+                attributed_to=list(c.failed_clauses) if c.outcome in failing else [],
+                family=c.family,
+                rank_jobs=c.rank_jobs,
             )
             for c in self.checks.values()
         ]
@@ -231,6 +377,7 @@ class ConformancePlugin:
                 "file": self.expected_file,
                 "unmatched": sorted(set(self.expected) - self.collected_ids),
             },
+            findings=self._finding_results(checks),
         )
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:

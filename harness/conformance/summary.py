@@ -9,9 +9,15 @@ from typing import Any
 
 import pytest
 
-from harness.report import CONFORMING, NO_CLAUSE, Report, clause_outcomes
+from harness.report import (
+    CONFORMING,
+    NO_CLAUSE,
+    Report,
+    clause_family_outcomes,
+    clause_outcomes,
+)
 
-__all__ = ["headline", "summary_lines", "write_summary"]
+__all__ = ["finding_lines", "headline", "summary_lines", "write_summary"]
 
 _WIDTH = 160
 _RANK_STORY = re.compile(r"^rank \d+ (raised|crashed|hung|timed out)\b")
@@ -54,18 +60,53 @@ def headline(failure: str | None) -> str:
     return lines[0]
 
 
+def _clip(line: str) -> str:
+    return line if len(line) <= _WIDTH else line[: _WIDTH - 3] + "..."
+
+
+def finding_lines(report: Report) -> list[str]:
+    """``N findings``, then per finding: its clauses, message, place, checks, reproducer."""
+    if not report.findings:
+        return []
+    first = min(f.found_after_s for f in report.findings)
+    lines = [f"{len(report.findings)} findings (first failure after {first:.1f} s):"]
+    for f in report.findings:
+        late = " (after the checks' properties: their verdicts stand)" if f.late else ""
+        lines.append(_clip(f"  {f.id} {', '.join(f.clauses)}: {f.message}{late}"))
+        if f.where:
+            lines.append(_clip(f"     at {f.where}"))
+        shown = ", ".join(f.checks[:3]) + (
+            f" (+{len(f.checks) - 3} more)" if len(f.checks) > 3 else ""
+        )
+        lines.append(_clip(f"     {len(f.checks)} checks: {shown}"))
+        if f.reproduce:
+            lines.append(f"     reproduce: {f.reproduce}")
+    return lines
+
+
 def summary_lines(config: pytest.Config, report: Report) -> list[str]:
-    """Counts, one line per clause that did not pass (its worst check and why), notes."""
-    clauses = clause_outcomes(report.checks)
+    """Counts, the findings, one line per clause that did not pass (its worst check and
+    why, per family where checks name one), notes."""
+    clauses = clause_outcomes(report.checks, report.findings)
+    by_family = clause_family_outcomes(report.checks, report.findings)
     counts = ", ".join(f"{n} {o}" for o, n in report.counts().items() if n)
     named = len([c for c in clauses if c != NO_CLAUSE])
     lines = [f"checks: {counts or 'none'} ({len(report.checks)} checks, {named} clauses)"]
+    lines += finding_lines(report)
     for clause, (outcome, members) in clauses.items():
         if outcome == "passed":
             continue
-        worst = next(c for c in members if c.outcome == outcome)
-        line = f"  {clause:<16} {outcome:<12} {worst.id}: {headline(worst.failure)}"
-        lines.append(line if len(line) <= _WIDTH else line[: _WIDTH - 3] + "...")
+        families = by_family.get(clause, {})
+        split = " ".join(f"{fam}={o}" for fam, o in families.items()) if len(families) > 1 else ""
+        worst = next((c for c in members if c.clause_outcome(clause) == outcome), None)
+        why = f"{worst.id}: {headline(worst.failure)}" if worst else "see the findings"
+        if outcome == "failed" and worst is None:
+            why = next(
+                (f"{f.id}: {f.message}" for f in report.findings if clause in f.clauses), why
+            )
+        lines.append(_clip(f"  {clause:<16} {outcome:<12} {why}"))
+        if split:
+            lines.append(f"  {'':<16} {'':<12} by family: {split}")
     return lines + _notes(config, report)
 
 
@@ -82,6 +123,19 @@ def write_summary(terminalreporter: Any, config: pytest.Config, report: Report) 
     if not config.getoption("conformance_strict"):
         return
     bad = [c for c in report.checks if c.outcome not in CONFORMING]
+    late = [f for f in report.findings if f.late]
+    if not bad and late:
+        ids = ", ".join(f"{f.id} ({', '.join(f.clauses)})" for f in late)
+        tr.write_line(
+            f"conformance-strict: FAILED: every check passed, but findings {ids} were "
+            "recorded after their checks' properties",
+            red=True,
+            bold=True,
+        )
+        tr.stats.setdefault("nonconforming", []).extend(
+            SimpleNamespace(nodeid=f.id, when="call", outcome="nonconforming") for f in late
+        )
+        return
     if not bad:
         tr.write_line("conformance-strict: every check passed or needs another environment")
         return

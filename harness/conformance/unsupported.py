@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 
 from harness.conformance.checks import Check
+from harness.conformance.economy import REMEMBERED_IN_A_ROW, ShrinkPolicy, is_remembered
+from harness.conformance.findings import is_failure
 from harness.contract import Unsupported
 
 __all__ = [
@@ -91,33 +93,48 @@ def skip_or_reject_unsupported() -> Iterator[None]:
         raise skip_exception(exc.describe()) from None
 
 
-def rejecting(inner: Callable[..., Any], check: Check) -> Callable[..., Any]:
+def rejecting(
+    inner: Callable[..., Any], check: Check, policy: ShrinkPolicy | None = None
+) -> Callable[..., Any]:
     """Wrap a Hypothesis inner test: an ``Unsupported`` example is recorded and rejected.
 
     Args:
         inner: the test's ``hypothesis.inner_test``.
         check: the running check; counts the examples that ran and the unsupported ones.
+        policy: decides which examples of a failing check are still worth running
+            (:mod:`harness.conformance.economy`); None runs them all.
     """
     import hypothesis
     from hypothesis.errors import StopTest, UnsatisfiedAssumption
 
+    def refused(exc: Unsupported) -> None:
+        check.record_unsupported(exc.describe())
+        check.remembered_in_a_row = check.remembered_in_a_row + 1 if is_remembered(exc) else 0
+        if check.examples_ran == 0 and check.remembered_in_a_row >= REMEMBERED_IN_A_ROW:
+            # every example meets a refusal already known: more draws would add nothing
+            raise skip_exception(check.unsupported_reason()) from None
+
     @functools.wraps(inner)
     def example(*args: Any, **kwargs: Any) -> Any:
+        if policy is not None and policy.skip(check):
+            hypothesis.reject()  # shrinking a known failure, or over the shrink budget
         try:
             result = inner(*args, **kwargs)
         except Unsupported as exc:
-            check.record_unsupported(exc.describe())
+            refused(exc)
             hypothesis.reject()
         except UnsatisfiedAssumption as exc:
             # a suite that caught Unsupported and called reject() itself: record it too
             cause = exc.__cause__ or exc.__context__
             if isinstance(cause, Unsupported):
-                check.record_unsupported(cause.describe())
+                refused(cause)
             raise
         except StopTest:
             raise  # Hypothesis ran out of data for this example: it did not run
-        except BaseException:
+        except BaseException as exc:
             check.examples_ran += 1
+            if policy is not None and is_failure(exc):
+                policy.failed(check, exc)
             raise
         check.examples_ran += 1
         return result

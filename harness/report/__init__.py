@@ -13,6 +13,7 @@ from __future__ import annotations
 from harness.report.diff import ReportDiff, diff_reports, format_diff, main
 from harness.report.markdown import render_markdown
 from harness.report.model import (
+    BLOCKED,
     CONFORMING,
     NO_CLAUSE,
     NOT_RUN,
@@ -21,14 +22,17 @@ from harness.report.model import (
     SCHEMA_VERSION,
     SEVERITY,
     CheckResult,
+    FindingResult,
     Report,
     ReportError,
+    clause_family_outcomes,
     clause_outcomes,
     load_report,
     worst_outcome,
 )
 
 __all__ = [
+    "BLOCKED",
     "CONFORMING",
     "NOT_RUN",
     "NO_CLAUSE",
@@ -37,9 +41,11 @@ __all__ = [
     "SCHEMA_VERSION",
     "SEVERITY",
     "CheckResult",
+    "FindingResult",
     "Report",
     "ReportDiff",
     "ReportError",
+    "clause_family_outcomes",
     "clause_outcomes",
     "diff_reports",
     "format_diff",

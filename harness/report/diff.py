@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from harness.report.model import Report, ReportError, clause_outcomes, load_report
 
@@ -26,6 +26,8 @@ class ReportDiff:
     clauses_removed: list[tuple[str, str]]
     checks_added: list[tuple[str, str]]
     checks_removed: list[tuple[str, str]]
+    findings_new: list[tuple[str, str]] = field(default_factory=list)  # (clauses, signature)
+    findings_gone: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -36,12 +38,17 @@ class ReportDiff:
             or self.clauses_removed
             or self.checks_added
             or self.checks_removed
+            or self.findings_new
+            or self.findings_gone
         )
 
 
 def diff_reports(old: Report, new: Report) -> ReportDiff:
     """Compare two reports: clause outcomes that changed, clauses and checks added/removed."""
-    old_clauses, new_clauses = clause_outcomes(old.checks), clause_outcomes(new.checks)
+    old_clauses = clause_outcomes(old.checks, old.findings)
+    new_clauses = clause_outcomes(new.checks, new.findings)
+    was_found = {f.signature for f in old.findings}
+    now_found = {f.signature for f in new.findings}
     old_checks = {c.id: c for c in old.checks}
     new_checks = {c.id: c for c in new.checks}
     changed = []
@@ -63,6 +70,16 @@ def diff_reports(old: Report, new: Report) -> ReportDiff:
         clauses_removed=[(c, old_clauses[c][0]) for c in sorted(old_clauses.keys() - new_clauses)],
         checks_added=[(i, new_checks[i].outcome) for i in sorted(new_checks.keys() - old_checks)],
         checks_removed=[(i, old_checks[i].outcome) for i in sorted(old_checks.keys() - new_checks)],
+        findings_new=[
+            (", ".join(f.clauses), f.signature)
+            for f in new.findings
+            if f.signature not in was_found
+        ],
+        findings_gone=[
+            (", ".join(f.clauses), f.signature)
+            for f in old.findings
+            if f.signature not in now_found
+        ],
     )
 
 
@@ -88,6 +105,8 @@ def format_diff(diff: ReportDiff, old: Report, new: Report, old_path: str, new_p
         ("clauses removed", diff.clauses_removed),
         ("checks added", diff.checks_added),
         ("checks removed", diff.checks_removed),
+        ("findings new (by signature)", diff.findings_new),
+        ("findings gone (by signature)", diff.findings_gone),
     ):
         lines.append(f"{title}: {len(rows)}")
         lines += [f"  {name} ({outcome})" for name, outcome in rows]

@@ -5,7 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from harness.clauses import CLAUSES
-from harness.report.model import NO_CLAUSE, NOT_RUN, CheckResult, Report, clause_outcomes
+from harness.report.model import (
+    NO_CLAUSE,
+    NOT_RUN,
+    CheckResult,
+    Report,
+    clause_family_outcomes,
+    clause_outcomes,
+)
 
 __all__ = ["render_markdown"]
 
@@ -66,26 +73,67 @@ def _clause_texts(failures: list[CheckResult]) -> list[str]:
     return lines
 
 
+def _finding_lines(report: Report) -> list[str]:
+    """The findings, one root cause each: clauses and their text, where, example, reproducer."""
+    if not report.findings:
+        return []
+    first = min(f.found_after_s for f in report.findings)
+    lines = ["", f"## {len(report.findings)} findings (first failure after {first:.1f} s)", ""]
+    lines += ["| finding | clauses | checks | message |", "|---|---|---|---|"]
+    for f in report.findings:
+        row = (f.id, ", ".join(f.clauses), len(f.checks), f.message)
+        lines.append("| " + " | ".join(_cell(x) for x in row) + " |")
+    for f in report.findings:
+        lines += ["", f"### {f.id}: {', '.join(f.clauses)}", ""]
+        for clause in f.clauses:
+            text = CLAUSES[clause].text if clause in CLAUSES else "(not a clause of CONTRACT.md)"
+            lines.append(f"- **{clause}** requires: {text}")
+        if f.late:
+            lines.append(
+                "- recorded after the checks' properties were tested: their verdicts stand"
+            )
+        lines.append(f"- message: {_cell(f.message)}")
+        if f.where:
+            lines.append(f"- where: `{f.where}`")
+        lines.append(f"- signature: `{f.signature}`")
+        lines.append(f"- checks ({len(f.checks)}): {', '.join(f.checks)}")
+        if f.example:
+            lines += ["", _fence(f.example)]
+        if f.reproduce:
+            lines += ["", "Reproduce:", "", _fence(f.reproduce)]
+    return lines
+
+
 def render_markdown(report: Report) -> str:
-    """``report.md``: counts per outcome, the clause table, failures, then checks not run."""
+    """``report.md``: counts, the findings, the clause table (by family where checks name
+    one), failures, then checks not run."""
     lines = _header_lines(report)
+    lines += _finding_lines(report)
+    by_family = clause_family_outcomes(report.checks, report.findings)
+    families = sorted({f for outcomes in by_family.values() for f in outcomes})
     lines += [
         "",
         "## Clauses",
         "",
-        "| clause | outcome | checks | not passed |",
-        "|---|---|---|---|",
+        "| clause | outcome | " + "".join(f"{f} | " for f in families) + "checks | not passed |",
+        "|---|---|" + "---|" * len(families) + "---|---|",
     ]
-    for clause, (outcome, members) in clause_outcomes(report.checks).items():
-        bad = [f"{c.id} ({c.outcome})" for c in members if c.outcome != "passed"]
-        lines.append(f"| {clause} | {outcome} | {len(members)} | {_cell(', '.join(bad))} |")
-    failures = [c for c in report.checks if c.outcome in ("failed", "error", "xfailed")]
+    for clause, (outcome, members) in clause_outcomes(report.checks, report.findings).items():
+        bad = [
+            f"{c.id} ({c.clause_outcome(clause)})"
+            for c in members
+            if c.clause_outcome(clause) != "passed"
+        ]
+        split = "".join(f"{by_family.get(clause, {}).get(f, '-')} | " for f in families)
+        lines.append(f"| {clause} | {outcome} | {split}{len(members)} | {_cell(', '.join(bad))} |")
+    failures = [c for c in report.checks if c.outcome in ("failed", "blocked", "error", "xfailed")]
     lines += ["", "## Failures", ""]
     if not failures:
         lines.append("None.")
     for check in failures:
         clauses = ", ".join(check.clauses) or NO_CLAUSE
-        lines += [f"### {check.id}: {check.outcome} ({clauses})", ""]
+        finding = f", finding {check.finding}" if check.finding else ""
+        lines += [f"### {check.id}: {check.outcome} ({clauses}{finding})", ""]
         lines += [_fence(check.failure or "(no message)"), "", "Reproduce:", ""]
         lines += [_fence(check.reproducer), ""]
     lines += _clause_texts(failures)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "BLOCKED",
     "CONFORMING",
     "NOT_RUN",
     "NO_CLAUSE",
@@ -17,14 +18,17 @@ __all__ = [
     "SCHEMA_VERSION",
     "SEVERITY",
     "CheckResult",
+    "FindingResult",
     "Report",
     "ReportError",
+    "clause_family_outcomes",
     "clause_outcomes",
     "load_report",
     "worst_outcome",
 ]
 
-#: 2 added the ``not run``, ``desync`` and ``hang`` outcomes; reports of schema 1 (a subset)
+#: 2 added the ``not run``, ``desync``, ``hang`` and ``blocked`` outcomes, ``findings``, and
+#: each check's ``finding``, ``attributed_to`` and ``family``; reports of schema 1 (a subset)
 #: are still read.
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)
@@ -34,6 +38,8 @@ NOT_RUN = "not run"
 DESYNC = "desync"
 #: A failure whose ranks waited inside the job (``harness.verdicts.CollectiveHang``).
 HANG = "hang"
+#: A check whose property was never reached: another clause's violation came first.
+BLOCKED = "blocked"
 #: Outcome names, in the order reports list them (``desync`` and ``hang`` are failures of
 #: their own kind).
 OUTCOMES = (
@@ -46,6 +52,7 @@ OUTCOMES = (
     NOT_RUN,
     DESYNC,
     HANG,
+    BLOCKED,
 )
 #: The same, worst first: a clause takes the worst outcome of its checks. A clause with a
 #: check that did not run is not known to hold, so ``not run`` ranks above every skip.
@@ -54,6 +61,7 @@ SEVERITY = (
     DESYNC,
     HANG,
     "error",
+    BLOCKED,
     NOT_RUN,
     "xfailed",
     "unsupported",
@@ -81,6 +89,13 @@ class CheckResult:
         failure: why it did not pass (failure summary, skip reason, xfail reason); None if
             it passed.
         reproducer: a one-line command that reruns just this check.
+        finding: the finding its failure belongs to (``failed``, ``blocked``, ``desync``,
+            ``hang``), e.g. ``"F1"``.
+        attributed_to: the clauses its failure broke (of its own clauses: the one its failing
+            call or assertion named; ``blocked``: the other clause that blocked it); empty
+            when the failure named none (then all of its clauses).
+        family: ``fsdp`` or ``model_parallel`` when the check is about one family, else ``""``.
+        rank_jobs: the rank jobs it dispatched (its examples and their shrinking).
     """
 
     id: str
@@ -89,6 +104,10 @@ class CheckResult:
     duration_s: float = 0.0
     failure: str | None = None
     reproducer: str = ""
+    finding: str | None = None
+    attributed_to: list[str] = field(default_factory=list)
+    family: str = ""
+    rank_jobs: int = 0
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:
@@ -96,6 +115,43 @@ class CheckResult:
                 f"CheckResult.outcome={self.outcome!r} for check {self.id!r} is not an outcome; "
                 f"use one of {', '.join(OUTCOMES)}."
             )
+
+    def clause_outcome(self, clause: str) -> str:
+        """This check's outcome for one of its clauses: a failure attributed to another of
+        its clauses leaves this one ``blocked`` (not verified), not failed."""
+        failing = self.outcome in ("failed", DESYNC, HANG)
+        if failing and self.attributed_to and clause not in self.attributed_to:
+            return BLOCKED
+        return self.outcome
+
+
+@dataclass
+class FindingResult:
+    """One root cause found in the run.
+
+    Args:
+        id: ``F1``, ``F2``... in the order found.
+        clauses: the clauses it breaks.
+        signature: the grouping key (clause, exception type, masked message, location).
+        message: the first failure's message, first line.
+        where: ``file:line function`` where it was raised (outside shardcheck when known).
+        checks: the checks it made fail or blocked (or, ``late``, was seen in).
+        example: the failing example (Hypothesis' shrunk example), when there was one.
+        reproduce: a command that reruns the check it was found in.
+        late: recorded after its checks' properties were tested (their verdicts stand).
+        found_after_s: seconds from the session's start until it was found.
+    """
+
+    id: str
+    clauses: list[str]
+    signature: str
+    message: str
+    where: str = ""
+    checks: list[str] = field(default_factory=list)
+    example: str = ""
+    reproduce: str = ""
+    late: bool = False
+    found_after_s: float = 0.0
 
 
 @dataclass
@@ -119,6 +175,7 @@ class Report:
     selection: dict[str, Any] = field(default_factory=dict)
     expected_failures: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
+    findings: list[FindingResult] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         """The number of checks per outcome (every outcome present, zeros included)."""
@@ -135,9 +192,14 @@ class Report:
             "environment": self.environment,
             "strategy": self.strategy,
             "counts": self.counts(),
-            "clauses": {c: outcome for c, (outcome, _) in clause_outcomes(self.checks).items()},
+            "clauses": {
+                c: outcome
+                for c, (outcome, _) in clause_outcomes(self.checks, self.findings).items()
+            },
+            "clauses_by_family": clause_family_outcomes(self.checks, self.findings),
             "selection": self.selection,
             "expected_failures": self.expected_failures,
+            "findings": [asdict(finding) for finding in self.findings],
             "checks": [asdict(check) for check in self.checks],
         }
 
@@ -160,10 +222,15 @@ class Report:
                 f"reads schema_version={readable}. Compare reports of a readable schema."
             )
         keys = ("id", "clauses", "outcome", "duration_s", "failure", "reproducer")
+        optional = ("finding", "attributed_to", "family", "rank_jobs")
         try:
-            checks = [CheckResult(**{k: c[k] for k in keys}) for c in data["checks"]]
+            checks = [
+                CheckResult(**{k: c[k] for k in keys}, **{k: c[k] for k in optional if k in c})
+                for c in data["checks"]
+            ]
+            findings = [FindingResult(**f) for f in data.get("findings", [])]
         except (KeyError, TypeError, ValueError) as exc:
-            raise ReportError(f"{source}: a check entry is malformed ({exc}).") from exc
+            raise ReportError(f"{source}: a check or finding entry is malformed ({exc}).") from exc
         return cls(
             suite_version=data.get("suite_version", "0+unknown"),
             environment=data.get("environment", {}),
@@ -172,6 +239,7 @@ class Report:
             selection=data.get("selection", {}),
             expected_failures=data.get("expected_failures", {}),
             schema_version=data["schema_version"],
+            findings=findings,
         )
 
     def write(self, directory: str | Path) -> tuple[Path, Path]:
@@ -192,16 +260,60 @@ def worst_outcome(outcomes: Iterable[str]) -> str:
     return next((o for o in SEVERITY if o in present), "passed")
 
 
-def clause_outcomes(checks: Sequence[CheckResult]) -> dict[str, tuple[str, list[CheckResult]]]:
-    """Group checks by clause: ``{clause: (worst outcome, its checks)}``, clauses sorted."""
+def clause_outcomes(
+    checks: Sequence[CheckResult],
+    findings: Sequence[FindingResult] = (),
+    family: str | None = None,
+) -> dict[str, tuple[str, list[CheckResult]]]:
+    """Group checks by clause: ``{clause: (worst outcome, its checks)}``, clauses sorted.
+
+    A check counts for each clause it declares with :meth:`CheckResult.clause_outcome`; a
+    finding fails each clause it breaks (a clause the failing checks do not declare, such as
+    the one that blocked them or one violated late, included).
+
+    Args:
+        checks: the checks.
+        findings: the run's findings.
+        family: only checks of this family (and those of none), when given.
+    """
+    chosen = [c for c in checks if family is None or c.family in ("", family)]
     groups: dict[str, list[CheckResult]] = {}
-    for check in checks:
+    outcomes: dict[str, list[str]] = {}
+    for check in chosen:
         for clause in check.clauses or [NO_CLAUSE]:
             groups.setdefault(clause, []).append(check)
+            outcomes.setdefault(clause, []).append(check.clause_outcome(clause))
+    by_id = {c.id: c for c in chosen}
+    for finding in findings:
+        hit = [by_id[i] for i in finding.checks if i in by_id]
+        if not hit:
+            continue
+        kinds = {c.outcome for c in hit} & {DESYNC, HANG}
+        for clause in finding.clauses:
+            groups.setdefault(clause, [])
+            groups[clause] += [c for c in hit if c not in groups[clause]]
+            outcomes.setdefault(clause, []).append(min(kinds) if kinds else "failed")
     return {
-        clause: (worst_outcome(c.outcome for c in members), members)
+        clause: (worst_outcome(outcomes[clause]), members)
         for clause, members in sorted(groups.items())
     }
+
+
+def clause_family_outcomes(
+    checks: Sequence[CheckResult], findings: Sequence[FindingResult] = ()
+) -> dict[str, dict[str, str]]:
+    """``{clause: {family: outcome}}`` for the families the checks name (fsdp,
+    model_parallel); a check of no one family counts for each. A clause none of whose checks
+    names a family has no entry."""
+    families = sorted({c.family for c in checks if c.family})
+    split = {cl for c in checks if c.family for cl in c.clauses}
+    table: dict[str, dict[str, str]] = {}
+    for family in families:
+        own = [c for c in checks if c.family in (family, "")]
+        for clause, (outcome, members) in clause_outcomes(own, findings).items():
+            if clause in split and any(c.family == family for c in members):
+                table.setdefault(clause, {})[family] = outcome
+    return dict(sorted(table.items()))
 
 
 def load_report(path: str | Path) -> Report:

@@ -1,0 +1,144 @@
+"""Spend machine time on new information: shrink budgets and remembered refusals.
+
+- **Shrink budget.** Hypothesis shrinks a failure by running smaller examples, each a rank
+  job. Per profile, a check's shrinking stops after :data:`SHRINK_SECONDS` (``ci`` 20 s,
+  ``dev`` 2 minutes, ``nightly`` Hypothesis' own limits; ``--shrink-budget`` overrides):
+  the examples it would still try are rejected without a job, and Hypothesis reports the
+  smallest failing example found so far (replayed for real).
+- **Known failures.** A failure whose signature an earlier check already found is not shrunk
+  again: the first example that shows it is reported as it is (the report links the finding).
+- **Remembered refusals.** An ``Unsupported`` that names an option and value
+  (``Unsupported(reason, option, value)``) is remembered for the session and family: later
+  examples with that value are rejected without dispatching a job. A strategy that refuses
+  only a combination of values raises ``Unsupported`` without ``option``. A check whose
+  examples were refused from memory :data:`REMEMBERED_IN_A_ROW` times in a row, none having
+  run, is ``unsupported`` at once (Hypothesis would otherwise draw hundreds more).
+
+Hypothesis has no setting for a per-failure shrink budget (only ``phases``, and its internal
+five-minute limit), so the budget is enforced by rejecting examples while Hypothesis' engine is
+on the stack (:func:`harness.shrinking.in_engine`); outside Hypothesis nothing changes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from harness.conformance.checks import Check
+from harness.conformance.findings import Attribution, Findings, attribute
+from harness.contract import Unsupported, short_value
+from harness.shrinking import in_engine, shrink_once
+
+__all__ = [
+    "SHRINK_SECONDS",
+    "Refusals",
+    "ShrinkPolicy",
+    "attributed_clauses",
+    "is_remembered",
+]
+
+#: examples in a row refused from memory, none run, before a check gives up as unsupported
+REMEMBERED_IN_A_ROW = 20
+
+#: seconds of shrinking per failing check, by Hypothesis profile (None: Hypothesis' limits)
+SHRINK_SECONDS: dict[str, float | None] = {"ci": 20.0, "dev": 120.0, "nightly": None}
+
+
+def attributed_clauses(check_clauses: list[str], attribution: Attribution) -> tuple[list[str], str]:
+    """The clauses a failure breaks, and the clause that blocked the check (or ``""``).
+
+    A failure tagged with one of the check's clauses breaks that one; tagged with another
+    clause, it breaks that one and blocks the check; untagged, it breaks all the check's.
+    """
+    tag = attribution.clause
+    if not tag:
+        return list(check_clauses), ""
+    if tag in check_clauses:
+        return [tag], ""
+    return [tag], tag
+
+
+class ShrinkPolicy:
+    """Decides, per example of a failing check, whether it is worth a rank job.
+
+    Args:
+        budget_s: seconds of shrinking per failing check, or None for no limit.
+        findings: the session's findings (a failure already found is not shrunk again).
+    """
+
+    def __init__(self, budget_s: float | None, findings: Findings) -> None:
+        self.budget_s = budget_s
+        self.findings = findings
+
+    def skip(self, check: Check) -> bool:
+        """Before an example: reject it unrun (the check's failure is known or over budget)."""
+        if check.first_failure_at is None:
+            return False
+        spent = time.perf_counter() - check.first_failure_at
+        over = self.budget_s is not None and spent > self.budget_s
+        return (check.stop_shrinking or over) and in_engine()
+
+    def failed(self, check: Check, exc: BaseException) -> None:
+        """After a failing example: start the budget; stop at once if the failure is known."""
+        if check.first_failure_at is None:
+            check.first_failure_at = time.perf_counter()
+        attribution = self.findings.resolve(attribute(exc))
+        clauses, _ = attributed_clauses(check.clauses, attribution)
+        known = self.findings.known(attribution.signature(clauses))
+        if known is not None and known.first_check != check.id:
+            check.stop_shrinking = True
+            shrink_once()
+
+
+def _flat_options(family: str, options: Mapping[str, Any]) -> dict[str, str]:
+    flat = {k: short_value(v) for k, v in options.items() if k != "extra"}
+    extra = options.get("extra")
+    if isinstance(extra, Mapping):
+        flat.update({k: short_value(v) for k, v in extra.items()})
+    flat["family"] = family
+    return flat
+
+
+class Refusals:
+    """``Unsupported`` answers naming an option value, remembered per family."""
+
+    def __init__(self) -> None:
+        self.by_key: dict[tuple[str, str, str], Unsupported] = {}
+        self.skipped_jobs = 0
+
+    def clear(self) -> None:
+        """Forget everything (a new session)."""
+        self.by_key.clear()
+        self.skipped_jobs = 0
+
+    def remember(self, family: str, options: Mapping[str, Any], exc: Unsupported) -> None:
+        """Remember ``exc`` if it names an option value this example used."""
+        if exc.option is None:
+            return
+        value = short_value(exc.value)
+        if _flat_options(family, options).get(exc.option) == value:
+            self.by_key[(family, exc.option, value)] = exc
+
+    def refused(self, family: str, options: Mapping[str, Any]) -> Unsupported | None:
+        """The remembered refusal this example's options meet, if any (a fresh copy marked
+        ``remembered``, see :func:`is_remembered`)."""
+        if not self.by_key:
+            return None
+        for option, value in _flat_options(family, options).items():
+            exc = self.by_key.get((family, option, value))
+            if exc is not None:
+                self.skipped_jobs += 1
+                again = Unsupported(exc.reason, exc.option, exc.value)
+                again.remembered = True  # type: ignore[attr-defined]
+                return again
+        return None
+
+
+def is_remembered(exc: Unsupported) -> bool:
+    """Whether ``exc`` is a remembered refusal (no rank job was dispatched for it)."""
+    return bool(getattr(exc, "remembered", False))
+
+
+#: the session's refusals (cleared when a conformance session starts)
+REFUSALS = Refusals()

@@ -1,0 +1,292 @@
+"""Findings: failures grouped by root cause, each under the clause it breaks.
+
+A *signature* names a root cause: the clause the failure is attributed to, the exception's
+type, its message with numbers, shapes, paths and addresses masked, and the innermost frame
+outside shardcheck (the strategy's or torch's code where it was raised). For an assertion
+made by a suite (its innermost frame is shardcheck's own) the location is left out: the clause
+and the assertion's words name it. Checks that failed with the same signature share one
+finding; the report leads with the findings, each with the clause's text, its example and a
+reproducer, and the checks it affected.
+
+[Note: clause isolation] (in :mod:`harness.attribution`) says how a failure gets its clause:
+a check failing under a clause it does not declare is ``blocked`` by that clause.
+"""
+
+from __future__ import annotations
+
+import re
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import TracebackType
+
+from harness.attribution import LateViolation, clause_of
+from harness.outcomes import RankFailure
+
+__all__ = [
+    "Attribution",
+    "Finding",
+    "Findings",
+    "attribute",
+    "is_failure",
+    "late_attribution",
+    "mask",
+]
+
+_ROOT = Path(__file__).resolve().parents[2]
+#: frames in these directories are shardcheck's own (not where a strategy's bug lives)
+_OWN_DIRS = tuple(str(_ROOT / d) + "/" for d in ("harness", "suites"))
+_LIBRARY_PARTS = ("/_pytest/", "/pluggy/", "/hypothesis/", "/contextlib.py")
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)', re.M)
+_MASKS = (
+    (re.compile(r"0x[0-9a-fA-F]+"), "0x?"),
+    (re.compile(r"(?:/[\w.@+-]+){2,}/?"), "PATH"),
+    (re.compile(r"torch\.Size\(\[[^\]]*\]\)"), "SHAPE"),
+    (re.compile(r"\[[\d,\s]+\]"), "SHAPE"),
+    (re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?"), "N"),
+)
+_KEY_CHARS = 160
+
+
+def mask(message: str) -> str:
+    """The first line of ``message`` with addresses, paths, shapes and numbers masked."""
+    first = next((line.strip() for line in message.splitlines() if line.strip()), "")
+    for pattern, replacement in _MASKS:
+        first = pattern.sub(replacement, first)
+    return first[:_KEY_CHARS]
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """What one failing check's failure is, for grouping and reporting.
+
+    Args:
+        clause: the clause the failure was attributed to (``harness.clause``), or ``""``.
+        kind: ``raised``, ``crashed`` or ``hung`` (a rank's outcome), or ``assertion`` (a
+            suite's comparison failed in the controller).
+        type_name: the exception type.
+        key: the masked message.
+        where: ``file:line function`` of the innermost frame outside shardcheck, or of the
+            assertion.
+        message: the unmasked first line (for the report).
+    """
+
+    clause: str
+    kind: str
+    type_name: str
+    key: str
+    where: str
+    message: str
+
+    @property
+    def place(self) -> str:
+        """Type, masked message and location, without the clause: the same error raised at
+        the same place in the strategy (not for a suite's assertion, whose words are all)."""
+        if self.kind == "assertion":
+            return ""
+        return f"{self.type_name}: {self.key} @ {_strip_line(self.where)}"
+
+    def signature(self, clauses: list[str]) -> str:
+        """The grouping key, for a failure of a check declaring ``clauses``."""
+        named = self.clause or ",".join(clauses)
+        place = "" if self.kind == "assertion" else f" @ {_strip_line(self.where)}"
+        return f"{named}: {self.type_name}: {self.key}{place}"
+
+
+def _strip_line(where: str) -> str:
+    # same function in the same file: the same place, even when a line moved
+    file, _, rest = where.partition(":")
+    return f"{file}:{rest.partition(' ')[2]}" if rest else where
+
+
+def _own(path: str) -> bool:
+    return path.startswith(_OWN_DIRS) or any(part in path for part in _LIBRARY_PARTS)
+
+
+def _short_path(path: str) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(_ROOT))
+    except ValueError:
+        marker = "site-packages/"
+        return path.split(marker, 1)[1] if marker in path else path
+
+
+def _where_in_text(text: str) -> tuple[str, bool]:
+    """The innermost frame outside shardcheck in a formatted traceback; else the innermost."""
+    frames = [(m["file"], m["line"], m["func"]) for m in _FRAME.finditer(text)]
+    if not frames:
+        return "", False
+    outside = [f for f in frames if not _own(f[0])]
+    file, line, func = (outside or frames)[-1]
+    return f"{_short_path(file)}:{line} {func}", bool(outside)
+
+
+def _tb_text(tb: TracebackType | None) -> str:
+    return "".join(traceback.format_tb(tb)) if tb is not None else ""
+
+
+def _first_exception(exc: BaseException) -> BaseException:
+    # an exception group (Hypothesis' several distinct failures): the first of them
+    inner = getattr(exc, "exceptions", None)
+    while isinstance(inner, tuple) and inner and isinstance(inner[0], BaseException):
+        exc = inner[0]
+        inner = getattr(exc, "exceptions", None)
+    return exc
+
+
+def _type_name(cls: type) -> str:
+    name = cls.__qualname__
+    return name if cls.__module__ == "builtins" else f"{cls.__module__}.{name}"
+
+
+def is_failure(exc: BaseException) -> bool:
+    """Whether a test's exception is a failure (not a skip, an xfail or an interruption)."""
+    import pytest
+
+    if isinstance(exc, (KeyboardInterrupt, SystemExit, pytest.skip.Exception)):
+        return False
+    return not isinstance(exc, pytest.xfail.Exception)
+
+
+def attribute(exc: BaseException) -> Attribution:
+    """The attribution of the exception a check's test raised."""
+    exc = _first_exception(exc)
+    clause = clause_of(exc)
+    if isinstance(exc, RankFailure):
+        return _rank_attribution(exc, clause)
+    where, outside = _where_in_text(_tb_text(exc.__traceback__))
+    kind = "raised" if outside else "assertion"
+    message = str(exc)
+    return Attribution(clause, kind, _type_name(type(exc)), mask(message), where, _first(message))
+
+
+def _first(message: str) -> str:
+    return next((line.strip() for line in message.splitlines() if line.strip()), "")
+
+
+def _rank_attribution(failure: RankFailure, clause: str) -> Attribution:
+    by_rank = {o.rank: o for o in failure.outcomes}
+    first = by_rank[failure.failed_ranks[0]] if failure.failed_ranks else failure.outcomes[0]
+    errors = [by_rank[r].error for r in failure.failed_ranks if by_rank[r].error is not None]
+    own = [e for e in errors if e is not None and not e.is_distributed]
+    error = own[0] if own else (first.error if first.error is not None else None)
+    if error is not None:
+        where, _ = _where_in_text(error.traceback)
+        type_name = error.type_name
+        return Attribution(
+            clause, "raised", type_name, mask(error.message), where, _first(error.message)
+        )
+    if first.kind == "crashed":
+        what = f"exit code {first.exitcode}"
+        return Attribution(clause, "crashed", "crash", mask(what), "", f"rank crashed: {what}")
+    where, _ = _where_in_text(first.stacks)
+    detail = first.detail or "the rank did not answer before its deadline"
+    return Attribution(clause, "hung", "hang", mask(detail), where, detail)
+
+
+def late_attribution(violation: LateViolation) -> Attribution:
+    """The attribution of a violation recorded after a check's property (``after=True``)."""
+    where, _ = _where_in_text(violation.traceback)
+    return Attribution(
+        violation.clause,
+        "raised",
+        violation.type_name,
+        mask(violation.message),
+        where,
+        _first(violation.message),
+    )
+
+
+@dataclass
+class Finding:
+    """One root cause: its signature, the clauses it breaks, and the checks it affected.
+
+    Args:
+        id: ``F1``, ``F2``... in the order they were found.
+        signature: the grouping key.
+        clauses: the clauses it is attributed to.
+        attribution: the first failure's attribution.
+        checks: ids of the checks it made fail, blocked, or (late) was seen in.
+        first_check: the check it was found (and shrunk) in.
+        late: it was recorded after the checks' properties: their verdicts stand.
+        found_after_s: seconds from the session's start until it was found.
+    """
+
+    id: str
+    signature: str
+    clauses: list[str]
+    attribution: Attribution
+    checks: list[str] = field(default_factory=list)
+    first_check: str = ""
+    late: bool = False
+    found_after_s: float = 0.0
+    example: str = ""
+    reproduce: str = ""
+
+    def add_check(self, check_id: str) -> None:
+        """Count ``check_id`` as affected (each once)."""
+        if check_id not in self.checks:
+            self.checks.append(check_id)
+
+
+class Findings:
+    """The session's findings, by signature, in the order they were found."""
+
+    def __init__(self) -> None:
+        self.by_signature: dict[str, Finding] = {}
+        self.by_place: dict[str, Finding] = {}  # findings of errors a clause was named for
+
+    def resolve(self, attribution: Attribution) -> Attribution:
+        """An untagged error raised where a tagged finding's error was is that finding's
+        (a check calling the strategy without ``harness.clause`` met a known bug)."""
+        known = self.by_place.get(attribution.place) if not attribution.clause else None
+        if known is None or not known.attribution.clause:
+            return attribution
+        return replace(attribution, clause=known.attribution.clause)
+
+    def __len__(self) -> int:
+        return len(self.by_signature)
+
+    def __iter__(self) -> Iterator[Finding]:
+        return iter(self.by_signature.values())
+
+    def known(self, signature: str) -> Finding | None:
+        """The finding with this signature, if one was found already."""
+        return self.by_signature.get(signature)
+
+    def record(
+        self,
+        attribution: Attribution,
+        clauses: list[str],
+        check_id: str,
+        *,
+        late: bool = False,
+        elapsed_s: float = 0.0,
+    ) -> Finding:
+        """The finding for this failure (a new one if its signature is new); counts the check.
+
+        Args:
+            attribution: the failure.
+            clauses: the clauses the failure is attributed to.
+            check_id: the check it happened in.
+            late: it was recorded after the check's property was tested.
+            elapsed_s: seconds since the session started (for "time to first failure").
+        """
+        signature = attribution.signature(clauses)
+        finding = self.by_signature.get(signature)
+        if finding is None:
+            finding = Finding(
+                id=f"F{len(self.by_signature) + 1}",
+                signature=signature,
+                clauses=list(clauses),
+                attribution=attribution,
+                first_check=check_id,
+                late=late,
+                found_after_s=round(elapsed_s, 1),
+            )
+            self.by_signature[signature] = finding
+            if attribution.clause and attribution.place:
+                self.by_place.setdefault(attribution.place, finding)
+        finding.add_check(check_id)
+        return finding

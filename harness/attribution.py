@@ -109,7 +109,9 @@ def clause(clause_id: str, *, after: bool = False) -> Iterator[None]:
         _LATE.append(
             LateViolation(
                 clause=clause_of(exc) or clause_id,
-                type_name=f"{cls.__module__}.{cls.__qualname__}",
+                type_name=cls.__qualname__
+                if cls.__module__ == "builtins"
+                else f"{cls.__module__}.{cls.__qualname__}",
                 message=str(exc),
                 traceback="".join(traceback.format_exception(exc)),
             )

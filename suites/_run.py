@@ -177,6 +177,7 @@ def run(fn: Callable[..., Any], *args: Any, world_size: int) -> list[Any]:
     """
     from harness import Unsupported, run_on_ranks
     from harness.conformance.economy import REFUSALS
+    from harness.conformance.unsupported import note_job_ran
 
     scenarios = _scenarios_in(args)
     try:
@@ -185,16 +186,21 @@ def run(fn: Callable[..., Any], *args: Any, world_size: int) -> list[Any]:
             if known is not None:
                 raise known  # a remembered refusal: no rank job
         try:
-            return run_on_ranks(fn, *args, world_size=world_size)
+            values = run_on_ranks(fn, *args, world_size=world_size)
+            note_job_ran()
+            return values
         except Unsupported as exc:
             for scenario in scenarios:
                 REFUSALS.remember(scenario.family, scenario.options(), exc)
             raise
-    except Unsupported:
+    except Unsupported as exc:
         from hypothesis import reject
         from hypothesis.control import currently_in_test_context
 
+        from harness.conformance import record_unsupported
+
         if currently_in_test_context():
+            record_unsupported(exc)  # also where the plugin cannot wrap the test (stateful)
             reject()
         raise
 

@@ -72,7 +72,8 @@ class Check:
     first_failure_at: float | None = None  # perf_counter of its first failing example
     stop_shrinking: bool = False  # its failure is known (or over budget): shrink no more
     rank_jobs: int = 0  # rank jobs its examples dispatched (shrinking included)
-    remembered_in_a_row: int = 0  # examples refused from memory since the last other one
+    remembered_in_a_row: int = 0  # examples refused alike (or from memory) in a row
+    last_refusal: str = ""  # the description of the last refusal
 
     def record_unsupported(self, description: str) -> None:
         """Remember one ``unsupported: ...`` description (each distinct one once)."""

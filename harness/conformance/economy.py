@@ -11,8 +11,9 @@
   (``Unsupported(reason, option, value)``) is remembered for the session and family: later
   examples with that value are rejected without dispatching a job. A strategy that refuses
   only a combination of values raises ``Unsupported`` without ``option``. A check whose
-  examples were refused from memory :data:`REMEMBERED_IN_A_ROW` times in a row, none having
-  run, is ``unsupported`` at once (Hypothesis would otherwise draw hundreds more).
+  examples were refused from memory (or with the same refusal) :data:`REMEMBERED_IN_A_ROW`
+  times in a row, none having run, is ``unsupported`` at once (Hypothesis would otherwise draw
+  hundreds more).
 
 Hypothesis has no setting for a per-failure shrink budget (only ``phases``, and its internal
 five-minute limit), so the budget is enforced by rejecting examples while Hypothesis' engine is
@@ -38,7 +39,7 @@ __all__ = [
     "is_remembered",
 ]
 
-#: examples in a row refused from memory, none run, before a check gives up as unsupported
+#: examples in a row refused from memory or alike, none run, before a check is unsupported
 REMEMBERED_IN_A_ROW = 20
 
 #: seconds of shrinking per failing check, by Hypothesis profile (None: Hypothesis' limits)

@@ -32,6 +32,7 @@ __all__ = [
     "is_failure",
     "late_attribution",
     "mask",
+    "named_clause",
 ]
 
 _ROOT = Path(__file__).resolve().parents[2]
@@ -44,9 +45,11 @@ _MASKS = (
     (re.compile(r"(?:/[\w.@+-]+){2,}/?"), "PATH"),
     (re.compile(r"torch\.Size\(\[[^\]]*\]\)"), "SHAPE"),
     (re.compile(r"\[[\d,\s]+\]"), "SHAPE"),
-    (re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?"), "N"),
+    (re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?!\w)"), "N"),
 )
 _KEY_CHARS = 160
+#: a suite's assertion message that starts with the clause it checks: ``"CKPT-RT-1: ..."``
+_NAMED_CLAUSE = re.compile(r"^\s*(?:rank \d+: )?([A-Z]+(?:-[A-Z]+)*-\d+):")
 
 
 def mask(message: str) -> str:
@@ -149,8 +152,15 @@ def is_failure(exc: BaseException) -> bool:
     return not isinstance(exc, pytest.xfail.Exception)
 
 
+def named_clause(message: str) -> str:
+    """The clause a suite's assertion message starts with (``"CKPT-RT-1: ..."``), or ``""``."""
+    match = _NAMED_CLAUSE.match(message)
+    return match.group(1) if match else ""
+
+
 def attribute(exc: BaseException) -> Attribution:
-    """The attribution of the exception a check's test raised."""
+    """The attribution of the exception a check's test raised: the clause a ``clause``
+    block gave it, else the one its assertion message starts with."""
     exc = _first_exception(exc)
     clause = clause_of(exc)
     if isinstance(exc, RankFailure):
@@ -158,6 +168,7 @@ def attribute(exc: BaseException) -> Attribution:
     where, outside = _where_in_text(_tb_text(exc.__traceback__))
     kind = "raised" if outside else "assertion"
     message = str(exc)
+    clause = clause or named_clause(message)
     return Attribution(clause, kind, _type_name(type(exc)), mask(message), where, _first(message))
 
 
@@ -172,10 +183,11 @@ def _rank_attribution(failure: RankFailure, clause: str) -> Attribution:
     own = [e for e in errors if e is not None and not e.is_distributed]
     error = own[0] if own else (first.error if first.error is not None else None)
     if error is not None:
-        where, _ = _where_in_text(error.traceback)
-        type_name = error.type_name
+        where, outside = _where_in_text(error.traceback)
+        clause = clause or named_clause(error.message)
+        kind = "raised" if outside else "assertion"
         return Attribution(
-            clause, "raised", type_name, mask(error.message), where, _first(error.message)
+            clause, kind, error.type_name, mask(error.message), where, _first(error.message)
         )
     if first.kind == "crashed":
         what = f"exit code {first.exitcode}"

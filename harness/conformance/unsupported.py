@@ -27,6 +27,7 @@ from harness.conformance.findings import is_failure
 from harness.contract import Unsupported
 
 __all__ = [
+    "note_job_ran",
     "record_unsupported",
     "rejecting",
     "running",
@@ -58,6 +59,7 @@ def record_unsupported(exc: Unsupported) -> bool:
 
     Raises:
         TypeError: ``exc`` is not an ``Unsupported``.
+        pytest.skip.Exception: the check gives up as unsupported (see :func:`_refused`).
     """
     if not isinstance(exc, Unsupported):
         raise TypeError(
@@ -66,8 +68,32 @@ def record_unsupported(exc: Unsupported) -> bool:
         )
     if not _ACTIVE:
         return False
-    _ACTIVE[-1].record_unsupported(exc.describe())
+    _refused(_ACTIVE[-1], exc)
     return True
+
+
+def _refused(check: Check, exc: Unsupported) -> None:
+    """Record a refusal; give the check up as unsupported when no example ran and the last
+    ones all met a refusal already known, or the same refusal (more draws would add nothing).
+
+    Raises:
+        pytest.skip.Exception: the check's skip, after :data:`REMEMBERED_IN_A_ROW` refusals
+            from memory in a row and no example that ran.
+    """
+    description = exc.describe()
+    same = is_remembered(exc) or check.last_refusal == description
+    check.last_refusal = description
+    check.record_unsupported(description)
+    check.remembered_in_a_row = check.remembered_in_a_row + 1 if same else 1
+    if check.examples_ran == 0 and check.remembered_in_a_row >= REMEMBERED_IN_A_ROW:
+        raise skip_exception(check.unsupported_reason()) from None
+
+
+def note_job_ran() -> None:
+    """A job of the running check came back from the ranks: an example did run."""
+    if _ACTIVE:
+        _ACTIVE[-1].examples_ran += 1
+        _ACTIVE[-1].remembered_in_a_row = 0
 
 
 def skip_exception(reason: str) -> BaseException:
@@ -108,11 +134,7 @@ def rejecting(
     from hypothesis.errors import StopTest, UnsatisfiedAssumption
 
     def refused(exc: Unsupported) -> None:
-        check.record_unsupported(exc.describe())
-        check.remembered_in_a_row = check.remembered_in_a_row + 1 if is_remembered(exc) else 0
-        if check.examples_ran == 0 and check.remembered_in_a_row >= REMEMBERED_IN_A_ROW:
-            # every example meets a refusal already known: more draws would add nothing
-            raise skip_exception(check.unsupported_reason()) from None
+        _refused(check, exc)
 
     @functools.wraps(inner)
     def example(*args: Any, **kwargs: Any) -> Any:

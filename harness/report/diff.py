@@ -108,6 +108,8 @@ def format_diff(diff: ReportDiff, old: Report, new: Report, old_path: str, new_p
         ("findings new (by signature)", diff.findings_new),
         ("findings gone (by signature)", diff.findings_gone),
     ):
+        if title.startswith("findings") and not rows:
+            continue  # reports without findings (or of schema 1) read as before
         lines.append(f"{title}: {len(rows)}")
         lines += [f"  {name} ({outcome})" for name, outcome in rows]
     return "\n".join(lines)

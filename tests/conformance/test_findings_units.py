@@ -1,0 +1,143 @@
+"""Units of clause isolation and findings: tags, masking, signatures, clause outcomes, diff."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import clause
+from harness.attribution import clause_of, take_late_violations
+from harness.conformance.economy import Refusals, attributed_clauses
+from harness.conformance.findings import Findings, attribute, mask, named_clause
+from harness.contract import Unsupported
+from harness.report import CheckResult, FindingResult, Report, clause_outcomes
+from harness.report.diff import diff_reports
+
+
+def test_clause_tags_what_its_body_raises_innermost_first() -> None:
+    with pytest.raises(RuntimeError) as info, clause("API-2"), clause("API-8"):
+        raise RuntimeError("boom")
+    assert clause_of(info.value) == "API-8"
+
+
+def test_clause_never_tags_unsupported() -> None:
+    with pytest.raises(Unsupported) as info, clause("API-1"):
+        raise Unsupported("no", "family", "fsdp")
+    assert clause_of(info.value) == ""
+
+
+def test_clause_after_records_instead_of_raising() -> None:
+    take_late_violations()
+    with clause("API-8", after=True):
+        raise RuntimeError("teardown: checkpoint_io is not implemented")
+    (late,) = take_late_violations()
+    assert late.clause == "API-8"
+    assert late.type_name == "RuntimeError"
+    assert "checkpoint_io" in late.message and "Traceback" in late.traceback
+    assert take_late_violations() == ()
+
+
+def test_clause_refuses_an_empty_id() -> None:
+    with pytest.raises(ValueError, match="clause id"), clause(""):
+        pass
+
+
+def test_mask_hides_numbers_shapes_paths_and_addresses_but_not_names() -> None:
+    text = "rank 3: blocks.0.fc1.bias [2, 3] at 0x7fab /tmp/x/y.pt by 1.5e-3; 12 of 40\nmore"
+    assert mask(text) == "rank N: blocks.0.fc1.bias SHAPE at 0x? PATH by N; N of N"
+
+
+def test_named_clause_reads_the_clause_an_assertion_starts_with() -> None:
+    assert named_clause("CKPT-RT-1: rank 0, saved at world size 2") == "CKPT-RT-1"
+    assert named_clause("rank 1: CLIP-1: norm differs") == "CLIP-1"
+    assert named_clause("parameter differs") == ""
+
+
+def _strategy_call(message: str) -> None:
+    raise RuntimeError(message)  # one place, as a strategy's method would be
+
+
+def _raise_tagged(message: str, clause_id: str = "") -> BaseException:
+    try:
+        if clause_id:
+            with clause(clause_id):
+                _strategy_call(message)
+        else:
+            _strategy_call(message)
+    except RuntimeError as exc:
+        return exc
+    raise AssertionError("unreachable")
+
+
+def test_one_error_at_one_place_is_one_finding_across_checks() -> None:
+    findings = Findings()
+    for n, check in enumerate(["a[fsdp]", "b[fsdp]", "c[model_parallel]"]):
+        attribution = attribute(_raise_tagged(f"optimizer_step failed at step {n}", "API-4"))
+        clauses, blocked_by = attributed_clauses(["TRAIN-1"], attribution)
+        assert (clauses, blocked_by) == (["API-4"], "API-4")
+        findings.record(attribution, clauses, check)
+    (finding,) = findings
+    assert finding.id == "F1" and finding.checks == ["a[fsdp]", "b[fsdp]", "c[model_parallel]"]
+    assert finding.signature.startswith("API-4: RuntimeError: optimizer_step failed at step N @ ")
+
+
+def test_an_untagged_error_at_a_known_place_joins_that_finding() -> None:
+    findings = Findings()
+    tagged = attribute(_raise_tagged("optimizer_step failed", "API-4"))
+    findings.record(tagged, ["API-4"], "first")
+    untagged = attribute(_raise_tagged("optimizer_step failed"))
+    assert untagged.clause == "" and untagged.place == tagged.place
+    assert findings.resolve(untagged).clause == "API-4"
+    other = attribute(_raise_tagged("another error"))
+    assert findings.resolve(other).clause == ""
+
+
+def test_a_failure_of_one_of_the_checks_clauses_is_attributed_to_it_alone() -> None:
+    attribution = attribute(AssertionError("CKPT-RT-1: rank 0: optimizer state differs"))
+    assert attribution.kind == "assertion"
+    assert attributed_clauses(["CKPT-BUF-1", "CKPT-RT-1"], attribution) == (["CKPT-RT-1"], "")
+
+
+def test_clause_outcomes_count_a_check_only_for_the_clause_its_failure_broke() -> None:
+    checks = [
+        CheckResult("rt", ["CKPT-BUF-1", "CKPT-RT-1"], "failed", finding="F1",
+                    attributed_to=["CKPT-RT-1"]),
+        CheckResult("sync", ["SYNC-1"], "blocked", finding="F2", attributed_to=["API-8"]),
+        CheckResult("clip", ["CLIP-1"], "passed"),
+    ]  # fmt: skip
+    findings = [
+        FindingResult("F1", ["CKPT-RT-1"], "s1", "m1", checks=["rt"]),
+        FindingResult("F2", ["API-8"], "s2", "m2", checks=["sync"]),
+    ]
+    outcomes = {c: o for c, (o, _) in clause_outcomes(checks, findings).items()}
+    assert outcomes == {
+        "API-8": "failed",
+        "CKPT-BUF-1": "blocked",
+        "CKPT-RT-1": "failed",
+        "CLIP-1": "passed",
+        "SYNC-1": "blocked",
+    }
+
+
+def test_report_round_trips_findings_and_diff_lists_new_ones() -> None:
+    check = CheckResult("clip", ["CLIP-1"], "failed", finding="F1", attributed_to=["CLIP-1"])
+    finding = FindingResult("F1", ["CLIP-1"], "CLIP-1: AssertionError: N", "m", checks=["clip"])
+    new = Report("0", {}, {}, [check], findings=[finding])
+    again = Report.from_dict(new.to_dict())
+    assert again.findings == [finding] and again.checks[0].finding == "F1"
+    old = Report("0", {}, {}, [CheckResult("clip", ["CLIP-1"], "passed")])
+    diff = diff_reports(old, again)
+    assert diff.findings_new == [("CLIP-1", "CLIP-1: AssertionError: N")]
+    assert diff.findings_gone == []
+
+
+def test_refusals_are_remembered_per_family_and_option_value() -> None:
+    refusals = Refusals()
+    options = {"precision": "16-true", "extra": {"cpu_offload": True}}
+    refusals.remember("fsdp", options, Unsupported("no offload here", "cpu_offload", True))
+    again = refusals.refused("fsdp", {"precision": "32-true", "extra": {"cpu_offload": True}})
+    assert again is not None and again.option == "cpu_offload"
+    assert refusals.refused("model_parallel", options) is None
+    assert refusals.refused("fsdp", {"precision": "16-true"}) is None
+    # a refusal naming no option (a combination) is not remembered
+    refusals.remember("fsdp", options, Unsupported("not this combination"))
+    assert refusals.refused("fsdp", {"precision": "16-true"}) is None

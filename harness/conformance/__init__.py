@@ -54,7 +54,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--expected-failures",
         default=None,
         metavar="FILE",
-        help="file of 'CHECK_ID  reason' lines (# comments): those checks are strict xfails.",
+        help="file of 'CHECK_ID  reason' lines (# comments): those checks are strict xfails; "
+        "'finding:CLAUSE  reason' expects a late finding of CLAUSE (a raising teardown).",
     )
     group.addoption(
         "--conformance-strict",

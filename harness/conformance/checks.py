@@ -74,6 +74,7 @@ class Check:
     rank_jobs: int = 0  # rank jobs its examples dispatched (shrinking included)
     remembered_in_a_row: int = 0  # examples refused alike (or from memory) in a row
     last_refusal: str = ""  # the description of the last refusal
+    found_in: str = ""  # the check that found (and shrank) its finding first, when another
 
     def record_unsupported(self, description: str) -> None:
         """Remember one ``unsupported: ...`` description (each distinct one once)."""
@@ -97,6 +98,8 @@ class Check:
         if outcome == "failed" and self.blocked_by:
             outcome = "blocked"
             message = f"blocked by {self.blocked_by} ({self.finding}): {message}"
+        if outcome in ("failed", "blocked") and self.found_in:
+            message = f"{message}\n(finding {self.finding}, not shrunk again: see {self.found_in})"
         if self.outcome is None or SEVERITY.index(outcome) < SEVERITY.index(self.outcome):
             self.outcome, self.failure, self.text = outcome, message, text
 

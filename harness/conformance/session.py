@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import fnmatch
 import re
-import time
 from collections.abc import Generator
 from typing import Any
 
 import pytest
 
-from harness.attribution import take_noted
 from harness.conformance import facts
 from harness.conformance.checks import (
     Check,
@@ -21,23 +19,15 @@ from harness.conformance.checks import (
     load_expected_failures,
     not_run_reason,
 )
-from harness.conformance.economy import REFUSALS, SHRINK_SECONDS, ShrinkPolicy, attributed_clauses
-from harness.conformance.findings import (
-    Finding,
-    Findings,
-    attribute,
-    is_failure,
-    late_attribution,
-)
+from harness.conformance.economy import REFUSALS
+from harness.conformance.findings import is_failure
 from harness.conformance.summary import write_summary
+from harness.conformance.triage import LATE_PREFIX, Triage, shrink_budget
 from harness.conformance.unsupported import rejecting, running, skip_exception
 from harness.contract import Unsupported
-from harness.report import CONFORMING, NOT_RUN, CheckResult, FindingResult, Report
+from harness.report import CONFORMING, NOT_RUN, CheckResult, Report
 
-#: checks in a row that fail alike, with none passed, before the run stops (one bug everywhere)
-SAME_FINDING_STOP = 3
 _FAMILY_WORDS = {"fsdp": "fsdp", "model_parallel": "model_parallel"}
-_EXAMPLE = re.compile(r"^(Falsifying (?:explicit )?example:.*?)(?:\n\S|\Z)", re.S | re.M)
 
 __all__ = ["ConformancePlugin"]
 
@@ -84,21 +74,6 @@ def _family(item: pytest.Item, clauses: list[str]) -> str:
     return ""
 
 
-def _example(text: str) -> str:
-    """Hypothesis' falsifying example in a failure's text, or ``""``."""
-    match = _EXAMPLE.search(text)
-    return match.group(1).strip() if match else ""
-
-
-def _shrink_budget(config: pytest.Config) -> float | None:
-    value = config.getoption("shrink_budget", None)
-    if value is not None:
-        return None if value <= 0 else float(value)
-    from hypothesis import settings
-
-    return SHRINK_SECONDS.get(settings.get_current_profile_name())
-
-
 def _world_sizes(item: pytest.Item) -> list[int]:
     params = getattr(getattr(item, "callspec", None), "params", {})
     if isinstance(params.get("world_size"), int):
@@ -122,25 +97,23 @@ class ConformancePlugin:
         self.config = config
         self.patterns = _parse_clauses(config.getoption("clauses"))
         self.expected_file: str | None = config.getoption("expected_failures")
-        self.expected = load_expected_failures(self.expected_file)
+        listed = load_expected_failures(self.expected_file)
+        #: ``finding:CLAUSE`` lines: a late finding of CLAUSE (e.g. a raising teardown) expected
+        self.expected_late = {
+            k.removeprefix(LATE_PREFIX): r for k, r in listed.items() if k.startswith(LATE_PREFIX)
+        }
+        self.expected = {k: r for k, r in listed.items() if not k.startswith(LATE_PREFIX)}
         self.checks: dict[str, Check] = {}  # by nodeid, in collection order
         self.collected_ids: set[str] = set()
         self.deselected: list[str] = []
         self.matched_patterns: set[str] = set()
         self.report: Report | None = None
-        self.findings = Findings()
-        self.started = time.perf_counter()
-        self.policy = ShrinkPolicy(None, self.findings)
-        self.session: pytest.Session | None = None
-        self.passed_any = False
-        self.finished: list[Check] = []  # checks whose call ended, in order
+        self.triage = Triage(self.expected_late)
         REFUSALS.clear()
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """Take the session (to stop it) and the shrink budget of the loaded profile."""
-        self.session = session
-        self.started = time.perf_counter()
-        self.policy.budget_s = _shrink_budget(self.config)
+        self.triage.start(session, shrink_budget(self.config))
 
     # -- collection -----------------------------------------------------------------------
 
@@ -225,7 +198,7 @@ class ConformancePlugin:
         handle = getattr(getattr(item, "obj", None), "hypothesis", None)
         inner = getattr(handle, "inner_test", None)
         if inner is not None:
-            handle.inner_test = rejecting(inner, check, self.policy)  # type: ignore[union-attr]
+            handle.inner_test = rejecting(inner, check, self.triage.policy)  # type: ignore[union-attr]
         try:
             result = yield
         except Unsupported as exc:
@@ -236,7 +209,7 @@ class ConformancePlugin:
             raise
         except BaseException as exc:
             if is_failure(exc) and check.id:
-                self._attribute(check, exc)
+                self.triage.attribute(check, exc)
             raise
         finally:
             if inner is not None:
@@ -245,58 +218,18 @@ class ConformancePlugin:
             raise skip_exception(check.unsupported_reason())
         return result
 
-    def _attribute(self, check: Check, exc: BaseException) -> Finding:
-        """Give the check's failure its clause(s) and its finding."""
-        attribution = self.findings.resolve(attribute(exc))
-        clauses, blocked_by = attributed_clauses(check.clauses, attribution)
-        elapsed = time.perf_counter() - self.started
-        finding = self.findings.record(attribution, clauses, check.id, elapsed_s=elapsed)
-        check.finding, check.failed_clauses, check.blocked_by = finding.id, clauses, blocked_by
-        return finding
-
-    def _note_late(self, check: Check) -> None:
-        """Findings from violations recorded after the check's property (its verdict stands)."""
-        for _rank, violation in take_noted():
-            elapsed = time.perf_counter() - self.started
-            finding = self.findings.record(
-                late_attribution(violation),
-                [violation.clause],
-                check.id,
-                late=True,
-                elapsed_s=elapsed,
-            )
-            if finding.id not in check.late_findings:
-                check.late_findings.append(finding.id)
-
-    def _stop_if_one_bug_everywhere(self) -> None:
-        """Stop the run when the first checks all fail alike and none has passed."""
-        ran = [c for c in self.finished if c.outcome not in ("unsupported", "environment")]
-        recent = ran[-SAME_FINDING_STOP:]
-        if self.passed_any or len(recent) < SAME_FINDING_STOP or self.session is None:
-            return
-        if len({c.finding for c in recent}) != 1 or not recent[0].finding:
-            return
-        finding = next(f for f in self.findings if f.id == recent[0].finding)
-        self.session.shouldfail = (
-            f"the first {len(ran)} checks that ran all failed with finding {finding.id} "
-            f"({finding.signature}) and none passed: the strategy fails the same way "
-            "everywhere; fix that and run again"
-        )
-
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Fold each phase's report into the check's outcome (the worst phase wins)."""
         check = self.checks.get(report.nodeid)
         if check is None:
             return
         check.duration_s += report.duration
-        self._note_late(check)
+        self.triage.note_late(check)
         outcome, message = classify_report(report)
         if outcome is not None:
             check.settle(outcome, message, failure_text(report))
         if report.when == "teardown":
-            self.finished.append(check)
-            self.passed_any = self.passed_any or check.outcome == "passed"
-            self._stop_if_one_bug_everywhere()
+            self.triage.finished(check)
 
     # -- the end --------------------------------------------------------------------------
 
@@ -315,33 +248,14 @@ class ConformancePlugin:
         if directory:
             self.report.write(directory)
         bad = [c.id for c in self.report.checks if c.outcome not in CONFORMING]
-        late = [f.id for f in self.report.findings if f.late]
-        if late and session.exitstatus == 0:  # a violation, though no check failed on it
+        late = [f for f in self.report.findings if f.late]
+        unexpected = [f for f in late if not set(f.clauses) <= set(self.expected_late)]
+        if unexpected and session.exitstatus == 0:  # a violation, though no check failed on it
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if self.triage.late_unmatched() and session.exitstatus == 0:  # an expected one went away
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.config.getoption("conformance_strict") and bad and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-    def _finding_results(self, checks: list[CheckResult]) -> list[FindingResult]:
-        by_id = {c.id: c for c in checks}
-        texts = {c.id: c.text for c in self.checks.values()}
-        results = []
-        for f in self.findings:
-            first = by_id.get(f.first_check)
-            results.append(
-                FindingResult(
-                    id=f.id,
-                    clauses=list(f.clauses),
-                    signature=f.signature,
-                    message=f.attribution.message,
-                    where=f.attribution.where,
-                    checks=list(f.checks),
-                    example=_example(texts.get(f.first_check, "")),
-                    reproduce=first.reproducer if first else "",
-                    late=f.late,
-                    found_after_s=f.found_after_s,
-                )
-            )
-        return results
 
     def build_report(self) -> Report:
         """The report of this session, from the checks as they stand."""
@@ -375,9 +289,13 @@ class ConformancePlugin:
             },
             expected_failures={
                 "file": self.expected_file,
-                "unmatched": sorted(set(self.expected) - self.collected_ids),
+                "unmatched": sorted(set(self.expected) - self.collected_ids)
+                + self.triage.late_unmatched(),
+                "late_findings_expected": sorted(self.expected_late),
             },
-            findings=self._finding_results(checks),
+            findings=self.triage.finding_results(
+                checks, {c.id: c.text for c in self.checks.values()}
+            ),
         )
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:

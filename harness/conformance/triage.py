@@ -1,0 +1,143 @@
+"""Triage of one session's failures: findings, clause isolation, and when to stop.
+
+The conformance plugin hands every failing check's exception to :class:`Triage`, which gives
+it its clause(s) and its finding (:mod:`~harness.conformance.findings`), makes the check
+``blocked`` when another clause's violation kept it from its property, records violations
+noted after a check's property (``harness.clause(..., after=True)``), steers shrinking
+(:class:`~harness.conformance.economy.ShrinkPolicy`) and stops a run whose first checks all
+fail with one finding.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from harness.attribution import take_noted
+from harness.conformance.checks import Check
+from harness.conformance.economy import SHRINK_SECONDS, ShrinkPolicy, attributed_clauses
+from harness.conformance.findings import Finding, Findings, attribute, late_attribution
+from harness.report import CheckResult, FindingResult
+
+__all__ = ["LATE_PREFIX", "SAME_FINDING_STOP", "Triage", "shrink_budget"]
+
+#: an expected-failures line ``finding:CLAUSE  reason`` expects a late finding of CLAUSE
+LATE_PREFIX = "finding:"
+#: checks in a row that fail alike, with none passed, before the run stops (one bug everywhere)
+SAME_FINDING_STOP = 3
+_EXAMPLE = re.compile(r"^(Falsifying (?:explicit )?example:.*?)(?:\n\S|\Z)", re.S | re.M)
+
+
+def _example(text: str) -> str:
+    """Hypothesis' falsifying example in a failure's text, or ``""``."""
+    match = _EXAMPLE.search(text)
+    return match.group(1).strip() if match else ""
+
+
+def shrink_budget(config: pytest.Config) -> float | None:
+    """The shrink budget of this run: ``--shrink-budget``, else the loaded profile's."""
+    value = config.getoption("shrink_budget", None)
+    if value is not None:
+        return None if value <= 0 else float(value)
+    from hypothesis import settings
+
+    return SHRINK_SECONDS.get(settings.get_current_profile_name())
+
+
+class Triage:
+    """The session's findings and what follows from them.
+
+    Args:
+        expected_late: clauses whose late findings the expected-failures file accepts.
+    """
+
+    def __init__(self, expected_late: dict[str, str]) -> None:
+        self.expected_late = expected_late
+        self.findings = Findings()
+        self.policy = ShrinkPolicy(None, self.findings)
+        self.started = time.perf_counter()
+        self.session: pytest.Session | None = None
+        self.passed_any = False
+        self.done: list[Check] = []  # checks that ended, in order
+
+    def start(self, session: pytest.Session, budget_s: float | None) -> None:
+        """The session began: start the clock (time to the first failure), set the budget."""
+        self.session, self.started = session, time.perf_counter()
+        self.policy.budget_s = budget_s
+
+    def finished(self, check: Check) -> None:
+        """A check ended (its teardown phase was reported)."""
+        self.done.append(check)
+        self.passed_any = self.passed_any or check.outcome == "passed"
+        self._stop_if_one_bug_everywhere()
+
+    def attribute(self, check: Check, exc: BaseException) -> Finding:
+        """Give the check's failure its clause(s) and its finding."""
+        attribution = self.findings.resolve(attribute(exc))
+        clauses, blocked_by = attributed_clauses(check.clauses, attribution)
+        elapsed = time.perf_counter() - self.started
+        finding = self.findings.record(attribution, clauses, check.id, elapsed_s=elapsed)
+        check.finding, check.failed_clauses, check.blocked_by = finding.id, clauses, blocked_by
+        if finding.first_check != check.id:
+            check.found_in = finding.first_check
+        return finding
+
+    def note_late(self, check: Check) -> None:
+        """Findings from violations recorded after the check's property (its verdict stands)."""
+        for _rank, violation in take_noted():
+            elapsed = time.perf_counter() - self.started
+            finding = self.findings.record(
+                late_attribution(violation),
+                [violation.clause],
+                check.id,
+                late=True,
+                elapsed_s=elapsed,
+            )
+            if finding.id not in check.late_findings:
+                check.late_findings.append(finding.id)
+
+    def _stop_if_one_bug_everywhere(self) -> None:
+        """Stop the run when the first checks all fail alike and none has passed."""
+        ran = [c for c in self.done if c.outcome not in ("unsupported", "environment")]
+        recent = ran[-SAME_FINDING_STOP:]
+        if self.passed_any or len(recent) < SAME_FINDING_STOP or self.session is None:
+            return
+        if len({c.finding for c in recent}) != 1 or not recent[0].finding:
+            return
+        finding = next(f for f in self.findings if f.id == recent[0].finding)
+        self.session.shouldfail = (
+            f"the first {len(ran)} checks that ran all failed with finding {finding.id} "
+            f"({finding.signature}) and none passed: the strategy fails the same way "
+            "everywhere; fix that and run again"
+        )
+
+    def late_unmatched(self) -> list[str]:
+        """``finding:CLAUSE`` lines of the expected-failures file that no late finding met."""
+        seen = {c for f in self.findings if f.late for c in f.clauses}
+        return sorted(f"{LATE_PREFIX}{c}" for c in self.expected_late if c not in seen)
+
+    def finding_results(
+        self, checks: list[CheckResult], texts: dict[str, str]
+    ) -> list[FindingResult]:
+        """The findings for the report (``texts``: each check's full failure text by id)."""
+        by_id = {c.id: c for c in checks}
+        results = []
+        for f in self.findings:
+            first = by_id.get(f.first_check)
+            results.append(
+                FindingResult(
+                    id=f.id,
+                    clauses=list(f.clauses),
+                    signature=f.signature,
+                    message=f.attribution.message,
+                    where=f.attribution.where,
+                    checks=list(f.checks),
+                    example=_example(texts.get(f.first_check, "")),
+                    reproduce=first.reproducer if first else "",
+                    late=f.late,
+                    found_after_s=f.found_after_s,
+                )
+            )
+        return results

@@ -75,6 +75,7 @@ class Check:
     remembered_in_a_row: int = 0  # examples refused alike (or from memory) in a row
     last_refusal: str = ""  # the description of the last refusal
     found_in: str = ""  # the check that found (and shrank) its finding first, when another
+    draws_in_body: bool = False  # its Hypothesis test draws with st.data() in its body
 
     def record_unsupported(self, description: str) -> None:
         """Remember one ``unsupported: ...`` description (each distinct one once)."""

@@ -8,8 +8,10 @@
 - **Known failures.** A failure whose signature an earlier check already found is not shrunk
   again: the first example that shows it is reported as it is (the report links the finding).
 - **Remembered refusals.** An ``Unsupported`` that names an option and value
-  (``Unsupported(reason, option, value)``) is remembered for the session and family: later
-  examples with that value are rejected without dispatching a job. A strategy that refuses
+  (``Unsupported(reason, option, value)``) is remembered for the session and family: the
+  examples of later checks with that value are rejected without dispatching a job (not those
+  of the check that learned it: Hypothesis replays examples and needs each to behave the same
+  every time). A strategy that refuses
   only a combination of values raises ``Unsupported`` without ``option``. A check whose
   examples were refused from memory (or with the same refusal) :data:`REMEMBERED_IN_A_ROW`
   times in a row, none having run, is ``unsupported`` at once (Hypothesis would otherwise draw
@@ -73,8 +75,13 @@ class ShrinkPolicy:
         self.findings = findings
 
     def skip(self, check: Check) -> bool:
-        """Before an example: reject it unrun (the check's failure is known or over budget)."""
-        if check.first_failure_at is None:
+        """Before an example: reject it unrun (the check's failure is known or over budget).
+
+        Never for a test that draws in its body (``st.data()``): rejected before its draws,
+        an example Hypothesis had run further would conclude earlier than it did, which
+        Hypothesis reports as inconsistent data generation.
+        """
+        if check.first_failure_at is None or check.draws_in_body:
             return False
         spent = time.perf_counter() - check.first_failure_at
         over = self.budget_s is not None and spent > self.budget_s
@@ -106,12 +113,20 @@ class Refusals:
 
     def __init__(self) -> None:
         self.by_key: dict[tuple[str, str, str], Unsupported] = {}
+        #: what checks before this one learned: a check consults only these, so that its
+        #: examples behave the same however often Hypothesis replays them
+        self.frozen: dict[tuple[str, str, str], Unsupported] = {}
         self.skipped_jobs = 0
 
     def clear(self) -> None:
         """Forget everything (a new session)."""
         self.by_key.clear()
+        self.frozen.clear()
         self.skipped_jobs = 0
+
+    def begin_check(self) -> None:
+        """A check starts: it may use what the checks before it learned."""
+        self.frozen = dict(self.by_key)
 
     def remember(self, family: str, options: Mapping[str, Any], exc: Unsupported) -> None:
         """Remember ``exc`` if it names an option value this example used."""
@@ -124,10 +139,10 @@ class Refusals:
     def refused(self, family: str, options: Mapping[str, Any]) -> Unsupported | None:
         """The remembered refusal this example's options meet, if any (a fresh copy marked
         ``remembered``, see :func:`is_remembered`)."""
-        if not self.by_key:
+        if not self.frozen:
             return None
         for option, value in _flat_options(family, options).items():
-            exc = self.by_key.get((family, option, value))
+            exc = self.frozen.get((family, option, value))
             if exc is not None:
                 self.skipped_jobs += 1
                 again = Unsupported(exc.reason, exc.option, exc.value)

@@ -48,6 +48,10 @@ _MASKS = (
     (re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?!\w)"), "N"),
 )
 _KEY_CHARS = 160
+#: the first line of a suite's report of a rank's exception: ``rank 0: ValueError: ...``
+_RANK_ERROR = re.compile(
+    r"^rank \d+: ((?:[\w]+\.)*[A-Z]\w*(?:Error|Exception|Warning)?): (.*)$", re.M
+)
 #: a suite's assertion message that starts with the clause it checks: ``"CKPT-RT-1: ..."``
 _NAMED_CLAUSE = re.compile(r"^\s*(?:rank \d+: )?([A-Z]+(?:-[A-Z]+)*-\d+):")
 
@@ -169,6 +173,14 @@ def attribute(exc: BaseException) -> Attribution:
     kind = "raised" if outside else "assertion"
     message = str(exc)
     clause = clause or named_clause(message)
+    quoted = _RANK_ERROR.match(message)
+    if quoted and not outside:
+        # a suite's report of a rank's exception, with its traceback in the message (the API
+        # probes): the rank's exception and where it was raised, as if it had come back raised
+        in_text, outside_text = _where_in_text(message)
+        if outside_text:
+            type_name, text = quoted.group(1), quoted.group(2)
+            return Attribution(clause, "raised", type_name, mask(text), in_text, text.strip())
     return Attribution(clause, kind, _type_name(type(exc)), mask(message), where, _first(message))
 
 

@@ -172,6 +172,7 @@ class ConformancePlugin:
         from harness.api import jobs_dispatched
 
         before = jobs_dispatched()
+        REFUSALS.begin_check()
         try:
             with running(check):
                 return (yield)

@@ -138,6 +138,8 @@ def rejecting(
 
     @functools.wraps(inner)
     def example(*args: Any, **kwargs: Any) -> Any:
+        values = (*args, *kwargs.values())
+        check.draws_in_body = any(type(v).__name__ == "DataObject" for v in values)
         if policy is not None and policy.skip(check):
             hypothesis.reject()  # shrinking a known failure, or over the shrink budget
         try:

@@ -286,6 +286,8 @@ def clause_outcomes(
     by_id = {c.id: c for c in chosen}
     for finding in findings:
         hit = [by_id[i] for i in finding.checks if i in by_id]
+        if family is not None:  # a finding counts for a family where its checks name it
+            hit = [c for c in hit if c.family == family]
         if not hit:
             continue
         kinds = {c.outcome for c in hit} & {DESYNC, HANG}
@@ -309,8 +311,7 @@ def clause_family_outcomes(
     split = {cl for c in checks if c.family for cl in c.clauses}
     table: dict[str, dict[str, str]] = {}
     for family in families:
-        own = [c for c in checks if c.family in (family, "")]
-        for clause, (outcome, members) in clause_outcomes(own, findings).items():
+        for clause, (outcome, members) in clause_outcomes(checks, findings, family).items():
             if clause in split and any(c.family == family for c in members):
                 table.setdefault(clause, {})[family] = outcome
     return dict(sorted(table.items()))

@@ -134,10 +134,28 @@ def test_refusals_are_remembered_per_family_and_option_value() -> None:
     refusals = Refusals()
     options = {"precision": "16-true", "extra": {"cpu_offload": True}}
     refusals.remember("fsdp", options, Unsupported("no offload here", "cpu_offload", True))
+    # the check that learned it does not use it: its examples must replay alike
+    assert refusals.refused("fsdp", options) is None
+    refusals.begin_check()
     again = refusals.refused("fsdp", {"precision": "32-true", "extra": {"cpu_offload": True}})
     assert again is not None and again.option == "cpu_offload"
     assert refusals.refused("model_parallel", options) is None
     assert refusals.refused("fsdp", {"precision": "16-true"}) is None
     # a refusal naming no option (a combination) is not remembered
     refusals.remember("fsdp", options, Unsupported("not this combination"))
+    refusals.begin_check()
     assert refusals.refused("fsdp", {"precision": "16-true"}) is None
+
+
+def test_a_rank_error_reported_by_a_suite_is_attributed_where_it_was_raised() -> None:
+    text = (
+        "rank 0: NotImplementedError: no CheckpointIO here\n"
+        "fsdp api8 raised on the ranks:\n"
+        'rank 0: Traceback (most recent call last):\n  File "/x/strategies/mine.py", line 9, '
+        "in checkpoint_io\n    raise NotImplementedError\n"
+    )
+    failure = pytest.fail.Exception(text, pytrace=False)
+    attribution = attribute(failure)
+    assert attribution.kind == "raised"
+    assert attribution.type_name == "NotImplementedError"
+    assert attribution.where.endswith("mine.py:9 checkpoint_io")

@@ -209,16 +209,6 @@ TRAINING = Section(
             "train exactly like even sizes.",
         ),
         Clause(
-            "TRAIN-4",
-            "Changes a fine-tuning recipe makes between steps keep TRAIN-1 parity from then "
-            "on: setting `requires_grad=False` on a parameter that already has optimizer "
-            "state, setting it back to True on a frozen one, and "
-            "`optimizer.add_param_group(...)` with parameters of the set-up module. A "
-            "checkpoint saved after such a change still holds the frozen parameter's optimizer "
-            "state and the added group (see CKPT-STRICT-3). A change the strategy cannot "
-            "support is refused with a clear error that names it.",
-        ),
-        Clause(
             "SYNC-1",
             "Inside `no_backward_sync(module, enabled=True)` no gradient is reduced across "
             "ranks: n micro-batches accumulated this way followed by one synchronized backward "

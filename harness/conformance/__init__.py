@@ -13,7 +13,10 @@ violation is ``blocked``. ``--list-clauses`` prints the contract and exits.
 Modules: :mod:`~harness.conformance.checks` (ids, outcomes, the expected-failures file),
 :mod:`~harness.conformance.unsupported` (``Unsupported`` under pytest and Hypothesis),
 :mod:`~harness.conformance.session` (the hooks of one session),
-:mod:`~harness.conformance.facts` (environment, strategy, reproducers).
+:mod:`~harness.conformance.facts` (environment, strategy, reproducers),
+:mod:`~harness.conformance.findings` (signatures and findings),
+:mod:`~harness.conformance.triage` (clause isolation, late violations, stopping early),
+:mod:`~harness.conformance.economy` (shrink budgets, remembered refusals).
 """
 
 from __future__ import annotations

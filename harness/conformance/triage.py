@@ -27,13 +27,15 @@ __all__ = ["LATE_PREFIX", "SAME_FINDING_STOP", "Triage", "shrink_budget"]
 LATE_PREFIX = "finding:"
 #: checks in a row that fail alike, with none passed, before the run stops (one bug everywhere)
 SAME_FINDING_STOP = 3
-_EXAMPLE = re.compile(r"^(Falsifying (?:explicit )?example:.*?)(?:\n\S|\Z)", re.S | re.M)
+_EXAMPLE = re.compile(r"^Falsifying (?:explicit )?example:.*?^\)$", re.S | re.M)
+_EXAMPLE_LINE = re.compile(r"^Falsifying (?:explicit )?example:.*$", re.M)
 
 
 def _example(text: str) -> str:
-    """Hypothesis' falsifying example in a failure's text, or ``""``."""
-    match = _EXAMPLE.search(text)
-    return match.group(1).strip() if match else ""
+    """Hypothesis' falsifying example in a failure's text (the call, to its closing
+    parenthesis), or ``""``."""
+    match = _EXAMPLE.search(text) or _EXAMPLE_LINE.search(text)
+    return match.group(0).strip() if match else ""
 
 
 def shrink_budget(config: pytest.Config) -> float | None:

@@ -18,7 +18,7 @@ from typing import Any
 from unittest import mock
 
 import torch
-from selfcheck_ckpt.broken import _with_bug
+from selfcheck_ckpt.broken import _clean, _with_bug
 from torch import Tensor, nn
 
 from harness.contract import StrategySpec
@@ -30,12 +30,6 @@ __all__ = [
     "saves_tied_weight_once",
     "saves_wrapper_prefixed_keys",
 ]
-
-_WRAPPERS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"})
-
-
-def _clean(name: str) -> str:
-    return ".".join(p for p in name.split(".") if p not in _WRAPPERS)
 
 
 def _model_of(state: Any) -> nn.Module | None:

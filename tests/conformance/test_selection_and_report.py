@@ -171,13 +171,17 @@ def test_report_json_schema(run_suite: RunSuite) -> None:
     assert report["schema_version"] == 2
     assert set(report["counts"]) == {
         "passed", "failed", "error", "unsupported", "environment", "xfailed", "not run", "desync",
-        "hang"
+        "hang", "blocked"
     }  # fmt: skip
+    assert report["findings"] == []  # every check passed: no finding
     assert isinstance(report["suite_version"], str) and report["suite_version"]
     assert {"torch", "python", "backend", "device", "world_sizes"} <= set(report["environment"])
     assert report["environment"]["python"].count(".") == 2
     assert set(report["strategy"]) == {"factory", "options"}
-    keys = {"id", "clauses", "outcome", "duration_s", "failure", "reproducer"}
+    keys = {
+        "id", "clauses", "outcome", "duration_s", "failure", "reproducer", "finding",
+        "attributed_to", "family", "rank_jobs"
+    }  # fmt: skip
     for check in report["checks"]:
         assert set(check) == keys
         assert check["duration_s"] >= 0
@@ -205,12 +209,16 @@ def test_report_markdown_layout(run_suite: RunSuite) -> None:
     assert lines[0] == "# shardcheck conformance report"
     assert lines[2].startswith("**1 passed · 1 failed · 0 error · 0 unsupported")
     sections = [line for line in lines if line.startswith("## ")]
-    assert sections == ["## Clauses", "## Failures", "## What the failing clauses require"]
+    assert sections[0].startswith("## 1 findings (first failure after ")
+    assert sections[1:] == ["## Clauses", "## Failures", "## What the failing clauses require"]
+    assert "### F1: CLIP-1" in lines
     assert "| CLIP-1 | failed | 1 | test_fake.test_clip (failed) |" in lines
     assert "| API-1 | passed | 1 |  |" in lines
-    assert "### test_fake.test_clip: failed (CLIP-1)" in lines
+    assert "### test_fake.test_clip: failed (CLIP-1, finding F1)" in lines
     assert "pytest test_fake.py::test_clip" in md
-    assert md.index("## Clauses") < md.index("## Failures") < md.index("assert (2 + 2) == 5")
+    failures = md.index("## Failures")
+    assert md.index("## Clauses") < failures
+    assert "assert (2 + 2) == 5" in md[failures:]  # the failure's text, not only the finding's
 
 
 STOPPING = """

@@ -7,18 +7,33 @@ the running Hypothesis engine to stop there: the failing example is reported as 
 failure found while shrinking is that one shrink), then replayed once by Hypothesis, which
 reruns it (the same exception type from the same line: never a ``FlakyFailure``).
 
-This reaches into Hypothesis' engine (``ConjectureRunner.shrinks``, checked against
-``MAX_SHRINKS`` whenever a smaller failing example is found, in Hypothesis 6.1xx): when the
-engine is not found as expected, it does nothing and Hypothesis shrinks as usual.
+:func:`stop_after_this_example` ends the search after the running example (a shrink budget
+that is spent): Hypothesis then reports the smallest failing example it has, replayed for real.
+Unlike rejecting the example, it never changes what an example does, so it is safe for tests
+that draw in their body (``st.data()``), where a rejection before the draws makes Hypothesis
+report inconsistent data generation.
+
+This reaches into Hypothesis' engine (in Hypothesis 6.1xx: ``ConjectureRunner.shrinks``,
+checked against ``MAX_SHRINKS`` whenever a smaller failing example is found, and
+``finish_shrinking_deadline``, checked after every example): when the engine is not found as
+expected, these do nothing and Hypothesis shrinks as usual.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import time
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-__all__ = ["in_engine", "shrink_once"]
+__all__ = ["in_engine", "quiet_budget_stops", "shrink_once", "stop_after_this_example"]
+
+#: the start of the warning Hypothesis prints when its own shrinking deadline passes
+_SLOW_SHRINK_WARNING = "WARNING: Hypothesis has spent more than five minutes"
+#: whether :func:`stop_after_this_example` moved the deadline since the last quiet scope began
+_budget_stopped = [False]
 
 
 def _runner() -> Any:
@@ -52,3 +67,36 @@ def in_engine() -> bool:
     """Whether this example runs inside Hypothesis' search (generating or shrinking), not
     in the final replay of the failing example that Hypothesis reports."""
     return _runner() is not None
+
+
+def stop_after_this_example() -> bool:
+    """Inside a Hypothesis run: end the search once the running example is done.
+
+    Hypothesis checks its shrinking deadline after every example; moving it into the past
+    ends generation or shrinking there, and the smallest failing example found so far is
+    reported. Its "more than five minutes" warning is then not true: run the test inside
+    :func:`quiet_budget_stops` to drop it. Returns whether the running engine was found.
+    """
+    runner = _runner()
+    if runner is None or not hasattr(runner, "finish_shrinking_deadline"):
+        return False
+    runner.finish_shrinking_deadline = time.perf_counter() - 1.0
+    _budget_stopped[0] = True
+    return True
+
+
+@contextlib.contextmanager
+def quiet_budget_stops() -> Iterator[None]:
+    """Drop Hypothesis' slow-shrinking warning when :func:`stop_after_this_example` caused it."""
+    from hypothesis.reporting import current_reporter, with_reporter
+
+    outer = current_reporter()
+    _budget_stopped[0] = False
+
+    def reporter(value: object) -> None:
+        if _budget_stopped[0] and str(value).startswith(_SLOW_SHRINK_WARNING):
+            return
+        outer(value)
+
+    with with_reporter(reporter):
+        yield

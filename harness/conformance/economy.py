@@ -18,8 +18,10 @@
   hundreds more).
 
 Hypothesis has no setting for a per-failure shrink budget (only ``phases``, and its internal
-five-minute limit), so the budget is enforced by rejecting examples while Hypothesis' engine is
-on the stack (:func:`harness.shrinking.in_engine`); outside Hypothesis nothing changes.
+five-minute limit), so once the budget is spent the search is ended after the running example
+(:func:`harness.shrinking.stop_after_this_example`, Hypothesis' own deadline moved into the
+past); a test that does not draw in its body also has that example rejected unrun. Outside
+Hypothesis' search nothing changes.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 from harness.conformance.checks import Check
 from harness.conformance.findings import Attribution, Findings, attribute
 from harness.contract import Unsupported, short_value
-from harness.shrinking import in_engine, shrink_once
+from harness.shrinking import in_engine, shrink_once, stop_after_this_example
 
 __all__ = [
     "SHRINK_SECONDS",
@@ -75,17 +77,21 @@ class ShrinkPolicy:
         self.findings = findings
 
     def skip(self, check: Check) -> bool:
-        """Before an example: reject it unrun (the check's failure is known or over budget).
+        """Before an example: whether to reject it unrun (the check's failure is known or its
+        shrink budget is spent). Either way the search then ends after this example.
 
-        Never for a test that draws in its body (``st.data()``): rejected before its draws,
-        an example Hypothesis had run further would conclude earlier than it did, which
-        Hypothesis reports as inconsistent data generation.
+        A test that draws in its body (``st.data()``) runs the example all the same: rejected
+        before its draws, an example Hypothesis had run further would conclude earlier than
+        it did, which Hypothesis reports as inconsistent data generation.
         """
-        if check.first_failure_at is None or check.draws_in_body:
+        if check.first_failure_at is None:
             return False
         spent = time.perf_counter() - check.first_failure_at
         over = self.budget_s is not None and spent > self.budget_s
-        return (check.stop_shrinking or over) and in_engine()
+        if not (check.stop_shrinking or over) or not in_engine():
+            return False
+        stop_after_this_example()
+        return not check.draws_in_body
 
     def failed(self, check: Check, exc: BaseException) -> None:
         """After a failing example: start the budget; stop at once if the failure is known."""

@@ -26,6 +26,7 @@ from harness.conformance.triage import LATE_PREFIX, Triage, shrink_budget
 from harness.conformance.unsupported import rejecting, running, skip_exception
 from harness.contract import Unsupported
 from harness.report import CONFORMING, NOT_RUN, CheckResult, Report
+from harness.shrinking import quiet_budget_stops
 
 _FAMILY_WORDS = {"fsdp": "fsdp", "model_parallel": "model_parallel"}
 
@@ -174,7 +175,7 @@ class ConformancePlugin:
         before = jobs_dispatched()
         REFUSALS.begin_check()
         try:
-            with running(check):
+            with running(check), quiet_budget_stops():
                 return (yield)
         finally:
             check.rank_jobs += jobs_dispatched() - before

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from harness import clause
@@ -159,3 +161,63 @@ def test_a_rank_error_reported_by_a_suite_is_attributed_where_it_was_raised() ->
     assert attribution.kind == "raised"
     assert attribution.type_name == "NotImplementedError"
     assert attribution.where.endswith("mine.py:9 checkpoint_io")
+
+
+def _budgeted_test(draws_in_body: bool, calls: list[int]) -> Any:
+    """A Hypothesis test that always fails, wrapped like a conformance check with a spent
+    (zero-second) shrink budget; ``calls`` counts the examples its body ran."""
+    from hypothesis import Verbosity, given, settings
+    from hypothesis import strategies as st
+
+    from harness.conformance.checks import Check
+    from harness.conformance.economy import ShrinkPolicy
+    from harness.conformance.unsupported import rejecting
+
+    check = Check(id="t::budget", nodeid="t.py::budget", clauses=["API-1"])
+    policy = ShrinkPolicy(0.0, Findings())
+
+    def body(n: int, data: Any = None) -> None:
+        calls[0] += 1
+        if data is not None:
+            data.draw(st.integers(0, 1000))
+        raise AssertionError("API-1: always")
+
+    if draws_in_body:
+
+        @settings(max_examples=50, database=None, derandomize=True, verbosity=Verbosity.normal)
+        @given(st.integers(0, 1000), st.data())
+        def test(n: int, data: Any) -> None:
+            body(n, data)
+
+    else:
+
+        @settings(max_examples=50, database=None, derandomize=True, verbosity=Verbosity.normal)
+        @given(st.integers(0, 1000))
+        def test(n: int) -> None:
+            body(n)
+
+    handle: Any = test.hypothesis  # type: ignore[attr-defined]
+    handle.inner_test = rejecting(handle.inner_test, check, policy)
+    return test
+
+
+@pytest.mark.parametrize("draws_in_body", [False, True])
+def test_a_spent_shrink_budget_ends_the_search_without_inconsistent_data(
+    draws_in_body: bool,
+) -> None:
+    from hypothesis.reporting import with_reporter
+
+    from harness.shrinking import quiet_budget_stops
+
+    calls = [0]
+    reported: list[object] = []
+    test = _budgeted_test(draws_in_body, calls)
+    with with_reporter(reported.append), quiet_budget_stops():
+        with pytest.raises(AssertionError, match="API-1: always"):
+            test()
+    # unbudgeted, Hypothesis shrinks an integer and a draw over hundreds of examples; spent,
+    # the search ends after the first failure (one more run for a test drawing in its body),
+    # then the failing example is replayed for the report
+    assert calls[0] <= 3, calls[0]
+    # Hypothesis' "spent more than five minutes" warning is not true of a budget stop
+    assert not [r for r in reported if "five minutes" in str(r)], reported

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -32,8 +32,6 @@ __all__ = ["in_engine", "quiet_budget_stops", "shrink_once", "stop_after_this_ex
 
 #: the start of the warning Hypothesis prints when its own shrinking deadline passes
 _SLOW_SHRINK_WARNING = "WARNING: Hypothesis has spent more than five minutes"
-#: whether :func:`stop_after_this_example` moved the deadline since the last quiet scope began
-_budget_stopped = [False]
 
 
 def _runner() -> Any:
@@ -81,20 +79,19 @@ def stop_after_this_example() -> bool:
     if runner is None or not hasattr(runner, "finish_shrinking_deadline"):
         return False
     runner.finish_shrinking_deadline = time.perf_counter() - 1.0
-    _budget_stopped[0] = True
     return True
 
 
 @contextlib.contextmanager
-def quiet_budget_stops() -> Iterator[None]:
-    """Drop Hypothesis' slow-shrinking warning when :func:`stop_after_this_example` caused it."""
+def quiet_budget_stops(stopped: Callable[[], bool]) -> Iterator[None]:
+    """Drop Hypothesis' slow-shrinking warning while ``stopped()`` says that a
+    :func:`stop_after_this_example` (not Hypothesis' five minutes) ended the search."""
     from hypothesis.reporting import current_reporter, with_reporter
 
     outer = current_reporter()
-    _budget_stopped[0] = False
 
     def reporter(value: object) -> None:
-        if _budget_stopped[0] and str(value).startswith(_SLOW_SHRINK_WARNING):
+        if stopped() and str(value).startswith(_SLOW_SHRINK_WARNING):
             return
         outer(value)
 

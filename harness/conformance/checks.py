@@ -76,6 +76,7 @@ class Check:
     last_refusal: str = ""  # the description of the last refusal
     found_in: str = ""  # the check that found (and shrank) its finding first, when another
     draws_in_body: bool = False  # its Hypothesis test draws with st.data() in its body
+    search_ended: bool = False  # its shrink budget ended Hypothesis' search (not Hypothesis)
 
     def record_unsupported(self, description: str) -> None:
         """Remember one ``unsupported: ...`` description (each distinct one once)."""

@@ -90,7 +90,7 @@ class ShrinkPolicy:
         over = self.budget_s is not None and spent > self.budget_s
         if not (check.stop_shrinking or over) or not in_engine():
             return False
-        stop_after_this_example()
+        check.search_ended = stop_after_this_example()
         return not check.draws_in_body
 
     def failed(self, check: Check, exc: BaseException) -> None:

@@ -175,7 +175,7 @@ class ConformancePlugin:
         before = jobs_dispatched()
         REFUSALS.begin_check()
         try:
-            with running(check), quiet_budget_stops():
+            with running(check), quiet_budget_stops(lambda: check.search_ended):
                 return (yield)
         finally:
             check.rank_jobs += jobs_dispatched() - before

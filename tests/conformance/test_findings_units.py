@@ -163,9 +163,9 @@ def test_a_rank_error_reported_by_a_suite_is_attributed_where_it_was_raised() ->
     assert attribution.where.endswith("mine.py:9 checkpoint_io")
 
 
-def _budgeted_test(draws_in_body: bool, calls: list[int]) -> Any:
+def _budgeted_test(draws_in_body: bool, calls: list[int]) -> tuple[Any, Any]:
     """A Hypothesis test that always fails, wrapped like a conformance check with a spent
-    (zero-second) shrink budget; ``calls`` counts the examples its body ran."""
+    (zero-second) shrink budget, and its check; ``calls`` counts the examples its body ran."""
     from hypothesis import Verbosity, given, settings
     from hypothesis import strategies as st
 
@@ -198,7 +198,7 @@ def _budgeted_test(draws_in_body: bool, calls: list[int]) -> Any:
 
     handle: Any = test.hypothesis  # type: ignore[attr-defined]
     handle.inner_test = rejecting(handle.inner_test, check, policy)
-    return test
+    return test, check
 
 
 @pytest.mark.parametrize("draws_in_body", [False, True])
@@ -211,13 +211,14 @@ def test_a_spent_shrink_budget_ends_the_search_without_inconsistent_data(
 
     calls = [0]
     reported: list[object] = []
-    test = _budgeted_test(draws_in_body, calls)
-    with with_reporter(reported.append), quiet_budget_stops():
+    test, check = _budgeted_test(draws_in_body, calls)
+    with with_reporter(reported.append), quiet_budget_stops(lambda: check.search_ended):
         with pytest.raises(AssertionError, match="API-1: always"):
             test()
     # unbudgeted, Hypothesis shrinks an integer and a draw over hundreds of examples; spent,
     # the search ends after the first failure (one more run for a test drawing in its body),
     # then the failing example is replayed for the report
     assert calls[0] <= 3, calls[0]
+    assert check.search_ended
     # Hypothesis' "spent more than five minutes" warning is not true of a budget stop
     assert not [r for r in reported if "five minutes" in str(r)], reported

@@ -48,6 +48,7 @@ __all__ = [
     "pool_for",
     "resolve_backend",
     "run_on_ranks",
+    "set_job_guard",
     "set_output_sink",
     "shutdown",
     "take_unavailable_reason",
@@ -110,6 +111,7 @@ _root: str | None = None
 _job_ids = itertools.count(1)
 _last_job_id = 0
 _sink: OutputSink | None = None
+_guard: Callable[[], None] | None = None  # called before each job (the shrink budget)
 _unavailable: str | None = None  # why the last job was refused for its world size
 _deadlines = Deadlines(ceiling=_config.rank_timeout)
 _checked_check: str | None = None  # the check whose jobs run with collective checking
@@ -222,6 +224,14 @@ def set_output_sink(sink: OutputSink | None) -> OutputSink | None:
     """
     global _sink
     previous, _sink = _sink, sink
+    return previous
+
+
+def set_job_guard(guard: Callable[[], None] | None) -> Callable[[], None] | None:
+    """Call ``guard`` before each job is dispatched (the conformance plugin ends a Hypothesis
+    search whose shrink budget is spent, whatever the test's shape). Returns the previous."""
+    global _guard
+    previous, _guard = _guard, guard
     return previous
 
 
@@ -387,6 +397,8 @@ def run_on_ranks(
     deadline = _check_timeout(timeout, check, str(ref))
     blob = _pickle_args(args)
     pool = pool_for(size)
+    if _guard is not None:
+        _guard()
     checked = _use_checking(pool, check)
     outcomes, what = _run_job(pool, ref, blob, deadline, size)
     if not checked and _worth_replaying(outcomes) and _can_check(pool):

@@ -22,13 +22,20 @@ expected, these do nothing and Hypothesis shrinks as usual.
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-__all__ = ["in_engine", "quiet_budget_stops", "shrink_once", "stop_after_this_example"]
+__all__ = [
+    "first_failure_time",
+    "in_engine",
+    "quiet_budget_stops",
+    "shrink_once",
+    "stop_after_this_example",
+]
 
 #: the start of the warning Hypothesis prints when its own shrinking deadline passes
 _SLOW_SHRINK_WARNING = "WARNING: Hypothesis has spent more than five minutes"
@@ -65,6 +72,14 @@ def in_engine() -> bool:
     """Whether this example runs inside Hypothesis' search (generating or shrinking), not
     in the final replay of the failing example that Hypothesis reports."""
     return _runner() is not None
+
+
+def first_failure_time() -> float | None:
+    """Inside a Hypothesis run: when (``time.monotonic()``) it found its first failing
+    example, or ``None`` (none yet, or outside Hypothesis' search)."""
+    runner = _runner()
+    found = getattr(runner, "first_bug_found_time", None) if runner is not None else None
+    return found if isinstance(found, float) and math.isfinite(found) else None
 
 
 def stop_after_this_example() -> bool:

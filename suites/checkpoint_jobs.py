@@ -77,7 +77,9 @@ def copy_buffers(target: torch.nn.Module, source: torch.nn.Module, names: set[st
 
 
 def path_for(directory: str, fmt: str) -> str:
-    """The checkpoint path of a format inside ``directory``: a file or a directory."""
+    """The checkpoint path of a format inside ``directory`` (created if missing: the contract
+    does not ask a save to create the parent of its path): a file or a directory."""
+    os.makedirs(directory, exist_ok=True)
     return os.path.join(directory, "ckpt.pt" if fmt == "full" else "ckpt")
 
 

@@ -105,6 +105,7 @@ def _unpickling_rank(ctx: Any, family: str, directory: str, marker: str) -> dict
     full, sharded = (
         build(ctx, error_scenario(family, ctx.world_size), fmt) for fmt in ("full", "sharded")
     )
+    os.makedirs(directory, exist_ok=True)  # a save need not create its path's parent
     paths = {
         "full": os.path.join(directory, "full.pt"),
         "sharded": os.path.join(directory, "sharded"),

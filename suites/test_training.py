@@ -225,9 +225,11 @@ def _type_error_rank(ctx: Any, family: str, which: str) -> str:
 @pytest.mark.parametrize("which", ["no_backward_sync", "clip_gradients_norm"])
 @pytest.mark.parametrize("family", ["fsdp", "model_parallel"])
 def test_a_module_that_is_not_a_sharded_root_is_refused(family: str, which: str) -> None:
+    clause_id = "SYNC-1" if which == "no_backward_sync" else "CLIP-1"
     for rank, outcome in enumerate(run(_type_error_rank, family, which, world_size=job_world())):
         assert outcome.startswith("TypeError"), (
-            f"rank {rank}: {which} on a plain nn.Linear gave {outcome!r}, expected TypeError"
+            f"rank {rank}: {clause_id}: {which} on a plain nn.Linear gave {outcome!r}, "
+            "expected TypeError"
         )
 
 

@@ -33,7 +33,12 @@ from typing import Any
 from harness.conformance.checks import Check
 from harness.conformance.findings import Attribution, Findings, attribute
 from harness.contract import Unsupported, short_value
-from harness.shrinking import in_engine, shrink_once, stop_after_this_example
+from harness.shrinking import (
+    first_failure_time,
+    in_engine,
+    shrink_once,
+    stop_after_this_example,
+)
 
 __all__ = [
     "SHRINK_SECONDS",
@@ -93,13 +98,26 @@ class ShrinkPolicy:
         check.search_ended = stop_after_this_example()
         return not check.draws_in_body
 
+    def before_job(self, check: Check) -> None:
+        """Before each rank job of ``check``: once its shrink budget is spent since
+        Hypothesis found its first failure, end the search after the running example.
+
+        This covers what :meth:`skip` cannot see: a state machine's steps, and tests that
+        run jobs after their first failure in one example.
+        """
+        if self.budget_s is None or check.search_ended:
+            return
+        found = first_failure_time()
+        if found is not None and time.monotonic() - found > self.budget_s:
+            check.search_ended = stop_after_this_example()
+
     def failed(self, check: Check, exc: BaseException) -> None:
         """After a failing example: start the budget; stop at once if the failure is known."""
         if check.first_failure_at is None:
             check.first_failure_at = time.perf_counter()
         attribution = self.findings.resolve(attribute(exc))
         clauses, _ = attributed_clauses(check.clauses, attribution)
-        known = self.findings.known(attribution.signature(clauses))
+        known = self.findings.match(attribution, clauses)
         if known is not None and known.first_check != check.id:
             check.stop_shrinking = True
             shrink_once()

@@ -133,13 +133,32 @@ def _tb_text(tb: TracebackType | None) -> str:
     return "".join(traceback.format_tb(tb)) if tb is not None else ""
 
 
-def _first_exception(exc: BaseException) -> BaseException:
-    # an exception group (Hypothesis' several distinct failures): the first of them
+def _leaves(exc: BaseException, flaky: bool = False) -> list[tuple[BaseException, bool]]:
+    """The exceptions an exception group holds, depth first (``[exc]`` for one exception),
+    each with whether it came inside a flaky failure (a failure Hypothesis could not replay);
+    an exception Hypothesis wrapped (a ``BaseException`` such as pytest-timeout's) unwrapped."""
+    from hypothesis.errors import Flaky
+
+    flaky = flaky or isinstance(exc, Flaky)
     inner = getattr(exc, "exceptions", None)
-    while isinstance(inner, tuple) and inner and isinstance(inner[0], BaseException):
-        exc = inner[0]
-        inner = getattr(exc, "exceptions", None)
-    return exc
+    if isinstance(inner, tuple) and inner:
+        subs = [sub for sub in inner if isinstance(sub, BaseException)]
+        return [leaf for sub in subs for leaf in _leaves(sub, flaky)]
+    if type(exc).__name__ == "_WrappedBaseException" and exc.__cause__ is not None:
+        exc = exc.__cause__
+    return [(exc, flaky)]
+
+
+def _first_exception(exc: BaseException) -> BaseException:
+    """Of Hypothesis' several distinct failures, the first that is the strategy's: not one
+    inside a flaky failure (its example passed when replayed), nor a test timeout."""
+    leaves = _leaves(exc)
+    steady = [leaf for leaf, flaky in leaves if not flaky and not _is_timeout(leaf)]
+    return steady[0] if steady else leaves[0][0]
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    return "Timeout (>" in str(exc) and "pytest-timeout" in str(exc)
 
 
 def _type_name(cls: type) -> str:
@@ -260,6 +279,8 @@ class Findings:
     def __init__(self) -> None:
         self.by_signature: dict[str, Finding] = {}
         self.by_place: dict[str, Finding] = {}  # findings of errors a clause was named for
+        #: findings of untagged errors (of all the check's clauses), by place
+        self.by_untagged_place: dict[str, Finding] = {}
 
     def resolve(self, attribution: Attribution) -> Attribution:
         """An untagged error raised where a tagged finding's error was is that finding's
@@ -278,6 +299,15 @@ class Findings:
     def known(self, signature: str) -> Finding | None:
         """The finding with this signature, if one was found already."""
         return self.by_signature.get(signature)
+
+    def match(self, attribution: Attribution, clauses: list[str]) -> Finding | None:
+        """The finding this failure belongs to, if it was found already: the same signature,
+        or, for an error no clause was named for, the same error raised at the same place in
+        a check of other clauses (one root cause met by checks of different clauses)."""
+        known = self.by_signature.get(attribution.signature(clauses))
+        if known is None and not attribution.clause and attribution.place:
+            known = self.by_untagged_place.get(attribution.place)
+        return known
 
     def record(
         self,
@@ -298,7 +328,7 @@ class Findings:
             elapsed_s: seconds since the session started (for "time to first failure").
         """
         signature = attribution.signature(clauses)
-        finding = self.by_signature.get(signature)
+        finding = self.match(attribution, clauses)
         if finding is None:
             finding = Finding(
                 id=f"F{len(self.by_signature) + 1}",
@@ -312,5 +342,8 @@ class Findings:
             self.by_signature[signature] = finding
             if attribution.clause and attribution.place:
                 self.by_place.setdefault(attribution.place, finding)
+            elif attribution.place:
+                self.by_untagged_place.setdefault(attribution.place, finding)
+        finding.clauses.extend(c for c in clauses if c not in finding.clauses)
         finding.add_check(check_id)
         return finding

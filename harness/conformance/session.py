@@ -170,14 +170,16 @@ class ConformancePlugin:
         check = self.checks.get(item.nodeid)
         if check is None:
             return (yield)
-        from harness.api import jobs_dispatched
+        from harness.api import jobs_dispatched, set_job_guard
 
         before = jobs_dispatched()
         REFUSALS.begin_check()
+        guard = set_job_guard(lambda: self.triage.policy.before_job(check))
         try:
             with running(check), quiet_budget_stops(lambda: check.search_ended):
                 return (yield)
         finally:
+            set_job_guard(guard)
             check.rank_jobs += jobs_dispatched() - before
 
     @pytest.hookimpl(wrapper=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import strategies as st
 
 from harness import clause
 from harness.attribution import clause_of, take_late_violations
@@ -222,3 +223,33 @@ def test_a_spent_shrink_budget_ends_the_search_without_inconsistent_data(
     assert check.search_ended
     # Hypothesis' "spent more than five minutes" warning is not true of a budget stop
     assert not [r for r in reported if "five minutes" in str(r)], reported
+
+
+def test_a_spent_shrink_budget_ends_a_state_machines_search_at_its_next_job() -> None:
+    from hypothesis import Verbosity, settings
+    from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
+
+    from harness.conformance.checks import Check
+    from harness.conformance.economy import ShrinkPolicy
+
+    check = Check(id="t::machine", nodeid="t.py::machine", clauses=["CKPT-RT-5"])
+    policy = ShrinkPolicy(0.0, Findings())
+    steps = [0]
+
+    class AlwaysFails(RuleBasedStateMachine):
+        @rule(n=st.integers(0, 100))
+        def step(self, n: int) -> None:
+            policy.before_job(check)  # what run_on_ranks' job guard calls before each job
+            steps[0] += 1
+            raise AssertionError("CKPT-RT-5: always")
+
+    with pytest.raises(AssertionError, match="CKPT-RT-5: always"):
+        run_state_machine_as_test(
+            AlwaysFails,
+            settings=settings(
+                max_examples=50, database=None, derandomize=True, verbosity=Verbosity.quiet
+            ),
+        )
+    # unbudgeted, Hypothesis shrinks the step's integer over dozens of examples
+    assert check.search_ended
+    assert steps[0] <= 3, steps[0]

@@ -40,8 +40,12 @@ _ROOT = Path(__file__).resolve().parents[2]
 _OWN_DIRS = tuple(str(_ROOT / d) + "/" for d in ("harness", "suites"))
 _LIBRARY_PARTS = ("/_pytest/", "/pluggy/", "/hypothesis/", "/contextlib.py")
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)', re.M)
+#: terminal colour codes some libraries put in their messages (torch's weights-only error)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _MASKS = (
     (re.compile(r"0x[0-9a-fA-F]+"), "0x?"),
+    # a device mesh's printed shape and names: "meshes differ" is one error whichever meshes
+    (re.compile(r"DeviceMesh\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\)"), "MESH"),
     (re.compile(r"(?:/[\w.@+-]+){2,}/?"), "PATH"),
     (re.compile(r"torch\.Size\(\[[^\]]*\]\)"), "SHAPE"),
     (re.compile(r"\[[\d,\s]+\]"), "SHAPE"),
@@ -57,8 +61,9 @@ _NAMED_CLAUSE = re.compile(r"^\s*(?:rank \d+: )?([A-Z]+(?:-[A-Z]+)*-\d+):")
 
 
 def mask(message: str) -> str:
-    """The first line of ``message`` with addresses, paths, shapes and numbers masked."""
-    first = next((line.strip() for line in message.splitlines() if line.strip()), "")
+    """The first line of ``message`` with addresses, paths, shapes, device meshes and numbers
+    masked."""
+    first = _first(message)
     for pattern, replacement in _MASKS:
         first = pattern.sub(replacement, first)
     return first[:_KEY_CHARS]
@@ -204,7 +209,9 @@ def attribute(exc: BaseException) -> Attribution:
 
 
 def _first(message: str) -> str:
-    return next((line.strip() for line in message.splitlines() if line.strip()), "")
+    """The first non-blank line of ``message``, without terminal colour codes."""
+    text = _ANSI.sub("", message)
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
 def _rank_attribution(failure: RankFailure, clause: str) -> Attribution:

@@ -49,6 +49,21 @@ def test_mask_hides_numbers_shapes_paths_and_addresses_but_not_names() -> None:
     assert mask(text) == "rank N: blocks.0.fc1.bias SHAPE at 0x? PATH by N; N of N"
 
 
+def test_mask_makes_one_error_of_any_two_meshes_and_drops_colour_codes() -> None:
+    one_way = (
+        "must have the same mesh, but got DeviceMesh((data_parallel=1), 'cpu', stride=((),)) "
+        "and DeviceMesh((data_parallel=1, tensor_parallel=4), 'cpu', stride=((), 1))."
+    )
+    other_way = (
+        "must have the same mesh, but got DeviceMesh((data_parallel=2, tensor_parallel=3), "
+        "'cpu', stride=((), 1)) and DeviceMesh((data_parallel=1), 'cpu', stride=((),))."
+    )
+    assert mask(one_way) == mask(other_way) == "must have the same mesh, but got MESH and MESH."
+    assert mask("Weights only load failed. \x1b[1mdo those steps\x1b[0m.") == (
+        "Weights only load failed. do those steps."
+    )
+
+
 def test_named_clause_reads_the_clause_an_assertion_starts_with() -> None:
     assert named_clause("CKPT-RT-1: rank 0, saved at world size 2") == "CKPT-RT-1"
     assert named_clause("rank 1: CLIP-1: norm differs") == "CLIP-1"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
@@ -154,12 +154,13 @@ def _leaves(exc: BaseException, flaky: bool = False) -> list[tuple[BaseException
     return [(exc, flaky)]
 
 
-def _first_exception(exc: BaseException) -> BaseException:
-    """Of Hypothesis' several distinct failures, the first that is the strategy's: not one
-    inside a flaky failure (its example passed when replayed), nor a test timeout."""
+def _candidates(exc: BaseException) -> list[BaseException]:
+    """Of Hypothesis' several distinct failures, those that are the strategy's (not one inside
+    a flaky failure, whose example passed when replayed, nor a test timeout), in order; all of
+    them when none is."""
     leaves = _leaves(exc)
     steady = [leaf for leaf, flaky in leaves if not flaky and not _is_timeout(leaf)]
-    return steady[0] if steady else leaves[0][0]
+    return steady or [leaf for leaf, _ in leaves]
 
 
 def _is_timeout(exc: BaseException) -> bool:
@@ -186,10 +187,22 @@ def named_clause(message: str) -> str:
     return match.group(1) if match else ""
 
 
-def attribute(exc: BaseException) -> Attribution:
+def attribute(exc: BaseException, own: Sequence[str] = ()) -> Attribution:
     """The attribution of the exception a check's test raised: the clause a ``clause``
-    block gave it, else the one its assertion message starts with."""
-    exc = _first_exception(exc)
+    block gave it, else the one its assertion message starts with.
+
+    Of several distinct failures (an exception group), the first that breaks one of the
+    check's ``own`` clauses (or names none), else the first: a check that found a violation
+    of its own property fails on it, even if another example was blocked on the way.
+    """
+    attributions = [_attribute_one(leaf) for leaf in _candidates(exc)]
+    for attribution in attributions:
+        if not attribution.clause or attribution.clause in own:
+            return attribution
+    return attributions[0]
+
+
+def _attribute_one(exc: BaseException) -> Attribution:
     clause = clause_of(exc)
     if isinstance(exc, RankFailure):
         return _rank_attribution(exc, clause)

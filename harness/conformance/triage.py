@@ -77,7 +77,7 @@ class Triage:
 
     def attribute(self, check: Check, exc: BaseException) -> Finding:
         """Give the check's failure its clause(s) and its finding."""
-        attribution = self.findings.resolve(attribute(exc))
+        attribution = self.findings.resolve(attribute(exc, check.clauses))
         clauses, blocked_by = attributed_clauses(check.clauses, attribution)
         elapsed = time.perf_counter() - self.started
         finding = self.findings.record(attribution, clauses, check.id, elapsed_s=elapsed)

@@ -268,3 +268,25 @@ def test_a_spent_shrink_budget_ends_a_state_machines_search_at_its_next_job() ->
     # unbudgeted, Hypothesis shrinks the step's integer over dozens of examples
     assert check.search_ended
     assert steps[0] <= 3, steps[0]
+
+
+def test_of_several_failures_the_one_breaking_the_checks_own_clause_is_its_verdict() -> None:
+    from hypothesis.errors import FlakyFailure
+
+    blocked_on_the_way = RuntimeError("meshes differ")
+    blocked_on_the_way.__notes__ = []
+    with pytest.raises(RuntimeError) as tagged:
+        with clause("CLIP-1"):
+            raise blocked_on_the_way
+    own = AssertionError("CKPT-SAVE-6: the old checkpoint changed on disk")
+    flaky = FlakyFailure("passed when replayed", [AssertionError("CKPT-SAVE-6: once")])
+    # Hypothesis' "found N distinct failures" group: a builtin from Python 3.11, a backport before
+    import builtins
+
+    group_type = getattr(builtins, "ExceptionGroup", None)
+    if group_type is None:
+        group_type = pytest.importorskip("exceptiongroup").ExceptionGroup
+    group = group_type("distinct failures", [flaky, tagged.value, own])
+    assert attribute(group, ["CKPT-SAVE-6"]).message == own.args[0]
+    # none of its own: the first steady failure (not the flaky one) is what blocked it
+    assert attribute(group, ["CKPT-RT-1"]).clause == "CLIP-1"

@@ -273,6 +273,8 @@ class Finding:
         checks: ids of the checks it made fail, blocked, or (late) was seen in.
         first_check: the check it was found (and shrunk) in.
         late: it was recorded after the checks' properties: their verdicts stand.
+        seen_late: some check met it after its property (it may have failed another check,
+            its own clause's, first).
         found_after_s: seconds from the session's start until it was found.
     """
 
@@ -283,6 +285,7 @@ class Finding:
     checks: list[str] = field(default_factory=list)
     first_check: str = ""
     late: bool = False
+    seen_late: bool = False
     found_after_s: float = 0.0
     example: str = ""
     reproduce: str = ""
@@ -365,5 +368,6 @@ class Findings:
             elif attribution.place:
                 self.by_untagged_place.setdefault(attribution.place, finding)
         finding.clauses.extend(c for c in clauses if c not in finding.clauses)
+        finding.seen_late = finding.seen_late or late
         finding.add_check(check_id)
         return finding

@@ -117,7 +117,7 @@ class Triage:
 
     def late_unmatched(self) -> list[str]:
         """``finding:CLAUSE`` lines of the expected-failures file that no late finding met."""
-        seen = {c for f in self.findings if f.late for c in f.clauses}
+        seen = {c for f in self.findings if f.seen_late for c in f.clauses}
         return sorted(f"{LATE_PREFIX}{c}" for c in self.expected_late if c not in seen)
 
     def finding_results(

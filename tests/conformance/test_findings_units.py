@@ -290,3 +290,18 @@ def test_of_several_failures_the_one_breaking_the_checks_own_clause_is_its_verdi
     assert attribute(group, ["CKPT-SAVE-6"]).message == own.args[0]
     # none of its own: the first steady failure (not the flaky one) is what blocked it
     assert attribute(group, ["CKPT-RT-1"]).clause == "CLIP-1"
+
+
+def test_a_finding_met_late_after_failing_its_own_check_counts_as_late() -> None:
+    from harness.conformance.findings import Attribution
+    from harness.conformance.triage import Triage
+
+    triage = Triage({"API-8": "teardown raises"})
+    teardown = Attribution("API-8", "raised", "NotImplementedError", "no io", "s.py:9 io", "no io")
+    assert triage.late_unmatched() == ["finding:API-8"]
+    # API-8's own check fails on it first (listed as an expected failure), then other checks
+    # meet it after their property: the 'finding:API-8' line is matched
+    first = triage.findings.record(teardown, ["API-8"], "test_api.test_teardown")
+    assert not first.seen_late and triage.late_unmatched() == ["finding:API-8"]
+    triage.findings.record(teardown, ["API-8"], "test_training.test_x", late=True)
+    assert first.seen_late and triage.late_unmatched() == []

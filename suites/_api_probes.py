@@ -12,7 +12,7 @@ import gc
 import traceback
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness import Unsupported, max_world_size
+from harness import MeshStrategy, RankContext, Strategy, Unsupported, max_world_size
 from harness.attribution import clause_of
 from suites._run import RankResult, Trained, setup, train
 from suites.models import BlockSpec, ModelSpec, build_model, iter_param_owners, make_batch
@@ -76,7 +76,7 @@ def scenario_of(
     return Scenario(world, SPEC, config, optim, TrainPlan(steps=1, batch_size=2, data_seed=1))
 
 
-def _ready(ctx: Any, scenario: Scenario) -> Any:
+def _ready(ctx: RankContext, scenario: Scenario) -> Strategy:
     strategy = ctx.make_strategy(scenario.family, **scenario.options())
     strategy.setup_environment()
     return strategy
@@ -181,7 +181,7 @@ def _api3(ctx: Any, scenario: Scenario) -> dict[str, Any]:
     context = strategy.module_init_context(empty_init=True)
     out["is_context_manager"] = hasattr(context, "__enter__") and hasattr(context, "__exit__")
     with context:
-        model = build_model(SPEC)
+        model: nn.Module = build_model(SPEC)
     out["real_under_empty_init"] = [n for n, t in _tensors(model) if not t.is_meta]
     calls = _count_resets(model)
     model = strategy.setup_module(model)
@@ -228,7 +228,7 @@ def _api5(ctx: Any, scenario: Scenario) -> dict[str, Any]:
 def _api6(ctx: Any, scenario: Scenario) -> dict[str, Any]:
     strategy = _ready(ctx, scenario)
     if scenario.family == "model_parallel":
-        dp_mesh = strategy.device_mesh["data_parallel"]
+        dp_mesh = cast(MeshStrategy, strategy).device_mesh["data_parallel"]
         expected = {"num_replicas": dp_mesh.size(), "rank": dp_mesh.get_local_rank()}
     else:
         expected = {"num_replicas": ctx.world_size, "rank": ctx.rank}

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, overload
 
 import pytest
 import torch
 
-from harness import Unsupported
+from harness import MeshStrategy, RankContext, Strategy, Unsupported
 from suites.models import BlockSpec, ModelSpec
 from suites.parallelize import make_parallelize_fn
 from suites.specs import MPConfig
@@ -94,7 +94,15 @@ def expect_error(
     return str(info.value)
 
 
-def build(ctx: Any, family: str, **options: Any) -> Any:
+@overload
+def build(ctx: RankContext, family: Literal["model_parallel"], **options: Any) -> MeshStrategy: ...
+
+
+@overload
+def build(ctx: RankContext, family: str, **options: Any) -> Strategy: ...
+
+
+def build(ctx: RankContext, family: str, **options: Any) -> Strategy:
     """``ctx.make_strategy(family, **options)``, then ``setup_environment()``.
 
     Args:
@@ -113,7 +121,7 @@ def build(ctx: Any, family: str, **options: Any) -> Any:
     return strategy
 
 
-def supported_families(ctx: Any, families: tuple[str, ...] = FAMILIES) -> list[str]:
+def supported_families(ctx: RankContext, families: tuple[str, ...] = FAMILIES) -> list[str]:
     """The families whose default configuration the strategy builds (not ``Unsupported``).
 
     A check about bad input of a family the strategy does not offer at all is unsupported,

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from harness import RankContext, Strategy
 from harness.attribution import clause
 from suites.models import Linear, build_model, make_batch
 from suites.oracles import gathered_grads, gathered_state
@@ -41,7 +42,7 @@ __all__ = [
 class Trained:
     """The live objects of a rank after :func:`setup`."""
 
-    strategy: Any
+    strategy: Strategy
     model: nn.Module
     optimizer: torch.optim.Optimizer
 
@@ -70,7 +71,7 @@ class RankResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def setup(ctx: Any, scenario: Scenario, **overrides: Any) -> Trained:
+def setup(ctx: RankContext, scenario: Scenario, **overrides: Any) -> Trained:
     """Build strategy, model and optimizer of ``scenario`` on this rank.
 
     Args:
@@ -83,14 +84,14 @@ def setup(ctx: Any, scenario: Scenario, **overrides: Any) -> Trained:
         strategy = ctx.make_strategy(scenario.family, **options)
         strategy.setup_environment()
     with clause("API-3"), strategy.module_init_context(empty_init=scenario.empty_init):
-        model = build_model(scenario.model)
+        model: nn.Module = build_model(scenario.model)
     with clause("API-2"):
         model = strategy.setup_module(model)
         optimizer = strategy.setup_optimizer(scenario.optim.build(model.named_parameters()))
     return Trained(strategy, model, optimizer)
 
 
-def end(*strategies: Any) -> None:
+def end(*strategies: Strategy) -> None:
     """Tear the strategies down; a raising ``teardown`` is a late API-8 violation (reported
     once as its own finding) that leaves the check's verdict standing."""
     for strategy in strategies:
@@ -152,7 +153,7 @@ def train(
         t.optimizer.zero_grad()
 
 
-def train_rank(ctx: Any, scenario: Scenario, grads: bool = False) -> RankResult:
+def train_rank(ctx: RankContext, scenario: Scenario, grads: bool = False) -> RankResult:
     """Rank function: set up, train the plan, return the gathered state (and grads).
 
     Args:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from harness import RankContext, Strategy
 from suites._run import RankResult, Trained, end, setup, train
 from suites.checkpoint_checks import files_digest
 from suites.checkpoint_plans import CkptPlan, format_options, make_metadata, plain_metadata
@@ -41,7 +42,7 @@ __all__ = [
 ]
 
 
-def build(ctx: Any, scenario: Scenario, fmt: str) -> Trained:
+def build(ctx: RankContext, scenario: Scenario, fmt: str) -> Trained:
     """Strategy (with the format option), model and optimizer of ``scenario`` on this rank."""
     return setup(ctx, scenario, **format_options(scenario.family, fmt))
 
@@ -148,8 +149,8 @@ def attempt(fn: Any, watch: str) -> dict[str, Any]:
 
 
 def build_with_two_optimizers(
-    ctx: Any, scenario: Scenario, fmt: str = "full", empty_init: bool = False
-) -> tuple[Any, Any, list[Any]]:
+    ctx: RankContext, scenario: Scenario, fmt: str = "full", empty_init: bool = False
+) -> tuple[Strategy, Any, list[Any]]:
     """Strategy (checkpoint format ``fmt``), set-up model and two optimizers: the blocks with
     the scenario's optimizer, the rest at half its learning rate (a trainer's layout).
 
@@ -163,7 +164,7 @@ def build_with_two_optimizers(
     strategy = ctx.make_strategy(scenario.family, **options)
     strategy.setup_environment()
     with strategy.module_init_context(empty_init=empty_init):
-        model = build_model(scenario.model)
+        model: torch.nn.Module = build_model(scenario.model)
     model = strategy.setup_module(model)
     named = list(model.named_parameters())
     trunk = [(n, p) for n, p in named if clean_name(n).startswith("blocks.")]

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harness import Strategy
 from suites._run import end, run
 from suites.checkpoint_checks import (
     assert_same_model,
@@ -65,7 +66,7 @@ def _unit_aligned(plan: CkptPlan) -> CkptPlan:
     return dataclasses.replace(plan, save=align(plan.save), load=align(plan.load))
 
 
-def _train(strategy: Any, model: Any, optimizers: list[Any], scenario: Scenario) -> None:
+def _train(strategy: Strategy, model: Any, optimizers: list[Any], scenario: Scenario) -> None:
     """``scenario.plan.steps`` steps, one micro-batch each, every optimizer stepping."""
     dp_rank, plan = strategy.distributed_sampler_kwargs["rank"], scenario.plan
     device = strategy.root_device

@@ -94,7 +94,7 @@ def _mp_sizes_rank(ctx: Any, sizes: list[tuple[int, int]]) -> list[Any]:
         options = {"data_parallel_size": dp, "tensor_parallel_size": tp}
         if dp == "auto" or dp * tp == world:
             mesh = build(ctx, "model_parallel", **options).device_mesh
-            out.append((tuple(mesh.shape), tuple(mesh.mesh_dim_names), mesh.device_type))
+            out.append((tuple(mesh.shape), tuple(mesh.mesh_dim_names or ()), mesh.device_type))
             continue
         expect_error(
             RuntimeError,

@@ -19,6 +19,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harness import RankContext
 from suites._run import Trained, compute_dtypes, end, optimizer_state_dtypes, run, train_rank
 from suites.checkpoint_plans import examples
 from suites.models import build_model
@@ -55,13 +56,13 @@ def true_scenarios(
     )
 
 
-def _dtype_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
+def _dtype_rank(ctx: RankContext, scenario: Scenario) -> dict[str, Any]:
     """One step; the dtypes of parameters at creation, after set-up, in compute, of the
     gradients and of the optimizer state."""
     strategy = ctx.make_strategy(scenario.family, **scenario.options())
     strategy.setup_environment()
     with strategy.module_init_context(empty_init=scenario.empty_init):
-        model = build_model(scenario.model)
+        model: torch.nn.Module = build_model(scenario.model)
     out: dict[str, Any] = {"created": sorted({str(p.dtype) for p in model.parameters()})}
     model = strategy.setup_module(model)
     optimizer = strategy.setup_optimizer(scenario.optim.build(model.named_parameters()))

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from harness import RankContext
 from suites._inspect import checkpoint_wrapped, fsdp1_units, nested_checkpoint_wrappers
 from suites._run import end, run, setup, train_rank
 from suites.models import BlockSpec, ModelSpec, build_model
@@ -122,16 +123,16 @@ def _small_scenario(world: int, **config: Any) -> Scenario:
     return Scenario(world, spec, FSDPConfig(**config))
 
 
-def _prewrapped_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
+def _prewrapped_rank(ctx: RankContext, scenario: Scenario) -> dict[str, Any]:
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     strategy = ctx.make_strategy("fsdp", **scenario.options())
     strategy.setup_environment()
-    model = build_model(scenario.model, ctx.device)
-    model.blocks[0] = FSDP(model.blocks[0], device_id=ctx.device)  # the user's own unit
+    zoo = build_model(scenario.model, ctx.device)
+    zoo.blocks[0] = FSDP(zoo.blocks[0], device_id=ctx.device)  # the user's own unit
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model = strategy.setup_module(model)
+        model = strategy.setup_module(zoo)
     out = {"units": sorted(fsdp1_units(model)), "warnings": [str(w.message) for w in caught]}
     end(strategy)
     return out
@@ -172,16 +173,16 @@ def test_checkpointing_wraps_exactly_the_selected_modules(scenario: Scenario) ->
         )
 
 
-def _prechecked_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
+def _prechecked_rank(ctx: RankContext, scenario: Scenario) -> dict[str, Any]:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     strategy = ctx.make_strategy("fsdp", **scenario.options())
     strategy.setup_environment()
-    model = build_model(scenario.model, ctx.device)
-    model.blocks[0] = checkpoint_wrapper(model.blocks[0])  # the user's own checkpointing
+    zoo = build_model(scenario.model, ctx.device)
+    zoo.blocks[0] = checkpoint_wrapper(zoo.blocks[0])  # the user's own checkpointing
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model = strategy.setup_module(model)
+        model = strategy.setup_module(zoo)
     out = {
         "wrapped": checkpoint_wrapped(model),
         "nested": nested_checkpoint_wrappers(model),

@@ -17,6 +17,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from torch import nn
 
+from harness import RankContext
 from suites._inspect import sync_flags
 from suites._run import RankResult, end, micro_step, run, setup, train_rank
 from suites.models import Scale, build_model, clean_name, make_batch
@@ -198,7 +199,7 @@ def test_accumulating_micro_batches_equals_one_big_batch(scenario: Scenario) -> 
     assert_parity(results, scenario)
 
 
-def _type_error_rank(ctx: Any, family: str, which: str) -> str:
+def _type_error_rank(ctx: RankContext, family: str, which: str) -> str:
     options: dict[str, Any] = {}
     if family == "model_parallel":
         options["parallelize_fn"] = parallelize_zoo

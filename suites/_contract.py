@@ -17,7 +17,6 @@ import torch
 
 from harness import MeshStrategy, RankContext, Strategy, Unsupported
 from suites.models import BlockSpec, ModelSpec
-from suites.parallelize import make_parallelize_fn
 from suites.specs import MPConfig
 
 __all__ = [
@@ -113,7 +112,7 @@ def build(ctx: RankContext, family: str, **options: Any) -> Strategy:
         **options: ``StrategySpec`` fields.
     """
     if family == "model_parallel":
-        options.setdefault("parallelize_fn", make_parallelize_fn(MPConfig(fsdp_classes=("Block",))))
+        options.setdefault("parallelize_fn", MPConfig(fsdp_classes=("Block",)).parallelize_fn())
         options.setdefault("data_parallel_size", ctx.world_size)
         options.setdefault("tensor_parallel_size", 1)
     strategy = ctx.make_strategy(family, **options)

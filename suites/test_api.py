@@ -16,7 +16,15 @@ import torch
 
 from harness import run_on_ranks
 from harness.attribution import tag
-from suites._api_probes import (
+from suites.lib.controller.oracles import (
+    assert_close,
+    assert_close_state,
+    assert_parity,
+    reference_run,
+    scenario_tolerance,
+)
+from suites.lib.controller.tolerances import EXACT
+from suites.lib.ranks.api_probes import (
     FAMILIES,
     LOSS_DOWN,
     MP_PRECISIONS,
@@ -26,15 +34,7 @@ from suites._api_probes import (
     surface_rank,
     world_of,
 )
-from suites.models import build_model, iter_param_owners
-from suites.oracles import (
-    assert_close,
-    assert_close_state,
-    assert_parity,
-    reference_run,
-    scenario_tolerance,
-)
-from suites.tolerances import EXACT
+from suites.lib.shared.models import build_model, iter_param_owners
 
 family_param = pytest.mark.parametrize("family", FAMILIES)
 

@@ -25,8 +25,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness import Strategy
-from suites._run import end, run
-from suites.checkpoint_checks import (
+from suites.lib.controller.checkpoint_checks import (
     assert_same_model,
     assert_same_optim,
     check_refusal,
@@ -34,11 +33,12 @@ from suites.checkpoint_checks import (
     standard_form,
     tree_diff,
 )
-from suites.checkpoint_jobs import attempt, build_with_two_optimizers
-from suites.checkpoint_plans import CkptPlan, ckpt_plans, examples
-from suites.models import make_batch
-from suites.oracles import gathered_optim_state, gathered_state
-from suites.specs import FSDPConfig, Scenario, WrapSpec
+from suites.lib.controller.checkpoint_plans import CkptPlan, ckpt_plans, examples
+from suites.lib.controller.oracles import gathered_optim_state, gathered_state
+from suites.lib.ranks.checkpoint_jobs import attempt, build_with_two_optimizers
+from suites.lib.ranks.training import end, run
+from suites.lib.shared.models import make_batch
+from suites.lib.shared.specs import FSDPConfig, Scenario, WrapSpec
 
 #: the trainer's key for a list of optimizers (CKPT-TRAINER-1)
 LIST_KEY = "optimizer_states"

@@ -29,13 +29,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness import run_on_ranks
-from suites._run import RankResult, run
-from suites.cuda_env import MIN_WORLD, cuda_world_max, session_cuda_skip_reason
-from suites.cuda_jobs import device_rank, observed_train_rank, skip_rank
-from suites.oracles import assert_close_state, assert_parity, assert_same_on_ranks
-from suites.scenarios import scenarios, train_plans
-from suites.specs import MPConfig, Scenario
-from suites.tolerances import EXACT
+from suites.lib.controller.cuda_env import MIN_WORLD, cuda_world_max, session_cuda_skip_reason
+from suites.lib.controller.oracles import assert_close_state, assert_parity, assert_same_on_ranks
+from suites.lib.controller.scenarios import scenarios, train_plans
+from suites.lib.controller.tolerances import EXACT
+from suites.lib.ranks.cuda_jobs import device_rank, observed_train_rank, skip_rank
+from suites.lib.ranks.training import RankResult, run
+from suites.lib.shared.specs import MPConfig, Scenario
 
 SHARDINGS = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")
 LOW = {"bf16-mixed": "torch.bfloat16", "16-mixed": "torch.float16"}

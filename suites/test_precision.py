@@ -11,7 +11,17 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from suites._run import (
+from suites.lib.controller.oracles import (
+    assert_close,
+    assert_close_state,
+    assert_parity,
+    assert_same_on_ranks,
+    gathered_state,
+    reference_run,
+)
+from suites.lib.controller.scenarios import scenarios, train_plans
+from suites.lib.controller.tolerances import EXACT
+from suites.lib.ranks.training import (
     compute_dtypes,
     end,
     micro_step,
@@ -20,18 +30,8 @@ from suites._run import (
     setup,
     train_rank,
 )
-from suites.models import Scale, clean_name
-from suites.oracles import (
-    assert_close,
-    assert_close_state,
-    assert_parity,
-    assert_same_on_ranks,
-    gathered_state,
-    reference_run,
-)
-from suites.scenarios import scenarios, train_plans
-from suites.specs import Scenario
-from suites.tolerances import EXACT
+from suites.lib.shared.models import Scale, clean_name
+from suites.lib.shared.specs import Scenario
 
 FAMILIES = st.sampled_from(["fsdp", "model_parallel"])
 LOW = {"bf16": torch.bfloat16, "16": torch.float16}

@@ -20,12 +20,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness import RankContext
-from suites._run import Trained, compute_dtypes, end, optimizer_state_dtypes, run, train_rank
-from suites.checkpoint_plans import examples
-from suites.models import build_model
-from suites.oracles import assert_parity
-from suites.scenarios import scenarios, train_plans
-from suites.specs import Scenario
+from suites.lib.controller.checkpoint_plans import examples
+from suites.lib.controller.oracles import assert_parity
+from suites.lib.controller.scenarios import scenarios, train_plans
+from suites.lib.ranks.training import (
+    Trained,
+    compute_dtypes,
+    end,
+    optimizer_state_dtypes,
+    run,
+    train_rank,
+)
+from suites.lib.shared.models import build_model
+from suites.lib.shared.specs import Scenario
 
 LOW = {"bf16-true": torch.bfloat16, "16-true": torch.float16}
 

@@ -15,20 +15,20 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from harness import RankContext
-from suites._inspect import checkpoint_wrapped, fsdp1_units, nested_checkpoint_wrappers
-from suites._run import end, run, setup, train_rank
-from suites.models import BlockSpec, ModelSpec, build_model
-from suites.oracles import (
+from suites.lib.controller.oracles import (
     assert_close_state,
     assert_parity,
     assert_same_on_ranks,
     gathered_state,
     reference_run,
 )
-from suites.regressions import AC_BLOCKS
-from suites.scenarios import job_world, scenarios, train_plans
-from suites.specs import ACSpec, FSDPConfig, Scenario, WrapSpec
-from suites.tolerances import EXACT
+from suites.lib.controller.regressions import AC_BLOCKS
+from suites.lib.controller.scenarios import job_world, scenarios, train_plans
+from suites.lib.controller.tolerances import EXACT
+from suites.lib.ranks.structure import checkpoint_wrapped, fsdp1_units, nested_checkpoint_wrappers
+from suites.lib.ranks.training import end, run, setup, train_rank
+from suites.lib.shared.models import BlockSpec, ModelSpec, build_model
+from suites.lib.shared.specs import ACSpec, FSDPConfig, Scenario, WrapSpec
 
 #: FSDP1 aligns every original parameter inside a flat parameter (16 bytes on CPU); this
 #: bounds the padding it may add per parameter, in elements.

@@ -18,10 +18,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from harness import RankContext
-from suites._inspect import sync_flags
-from suites._run import RankResult, end, micro_step, run, setup, train_rank
-from suites.models import Scale, build_model, clean_name, make_batch
-from suites.oracles import (
+from suites.lib.controller.oracles import (
     assert_close,
     assert_close_state,
     assert_parity,
@@ -29,8 +26,7 @@ from suites.oracles import (
     reference_model,
     reference_run,
 )
-from suites.parallelize import parallelize_zoo
-from suites.regressions import (
+from suites.lib.controller.regressions import (
     CLIP_FSDP2,
     CLIP_NO_SHARD,
     INIT_FSDP2,
@@ -38,9 +34,13 @@ from suites.regressions import (
     SYNC_NESTED,
     SYNC_TIED_MIXED,
 )
-from suites.scenarios import SHARDING_STRATEGIES, job_world, scenarios, train_plans
-from suites.specs import FSDPConfig, Scenario, TrainPlan
-from suites.tolerances import EXACT, tolerance
+from suites.lib.controller.scenarios import SHARDING_STRATEGIES, job_world, scenarios, train_plans
+from suites.lib.controller.tolerances import EXACT, tolerance
+from suites.lib.ranks.structure import sync_flags
+from suites.lib.ranks.training import RankResult, end, micro_step, run, setup, train_rank
+from suites.lib.shared.models import Scale, build_model, clean_name, make_batch
+from suites.lib.shared.parallelize import parallelize_zoo
+from suites.lib.shared.specs import FSDPConfig, Scenario, TrainPlan
 
 FAMILIES = st.sampled_from(["fsdp", "model_parallel"])
 SHARDED = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from suites.clauses import ALL_CLAUSES, SECTIONS
+from suites.lib.controller.clauses import ALL_CLAUSES, SECTIONS
 
 SUITES = Path(__file__).resolve().parents[1] / "suites"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from suites import cuda_env
-from suites.cuda_env import cuda_skip_reason
+from suites.lib.controller import cuda_env
+from suites.lib.controller.cuda_env import cuda_skip_reason
 
 
 @pytest.mark.parametrize(

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from suites.models import ModelSpec, clean_name, module_class
-from suites.parallelize import parallelize_zoo
+from suites.lib.shared.models import ModelSpec, clean_name, module_class
+from suites.lib.shared.parallelize import parallelize_zoo
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh

@@ -22,11 +22,17 @@ from torch import Tensor, nn
 
 from harness import MeshStrategy, RankContext, Strategy, Unsupported, max_world_size
 from harness.attribution import clause_of
-from suites._run import RankResult, Trained, setup, train
-from suites.models import BlockSpec, ModelSpec, build_model, iter_param_owners, make_batch
-from suites.oracles import gathered_grads, gathered_state
-from suites.scenarios import job_world
-from suites.specs import FSDPConfig, MPConfig, OptimSpec, Scenario, TrainPlan, WrapSpec
+from suites.lib.controller.oracles import gathered_grads, gathered_state
+from suites.lib.controller.scenarios import job_world
+from suites.lib.ranks.training import RankResult, Trained, setup, train
+from suites.lib.shared.models import (
+    BlockSpec,
+    ModelSpec,
+    build_model,
+    iter_param_owners,
+    make_batch,
+)
+from suites.lib.shared.specs import FSDPConfig, MPConfig, OptimSpec, Scenario, TrainPlan, WrapSpec
 
 __all__ = [
     "FAMILIES",

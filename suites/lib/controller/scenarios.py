@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import pytest
 from hypothesis import strategies as st
 
-from suites.models import BlockSpec, ModelSpec, build_model
-from suites.specs import (
+from suites.lib.shared.models import BlockSpec, ModelSpec, build_model
+from suites.lib.shared.specs import (
     ACSpec,
     FSDPConfig,
     MPConfig,

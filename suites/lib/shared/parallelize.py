@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from suites.models import Block
+from suites.lib.shared.models import Block
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from suites.checkpoint_plans import make_metadata, plain_metadata
+from suites.lib.controller.checkpoint_plans import make_metadata, plain_metadata
 
 if TYPE_CHECKING:
-    from suites.checkpoint_plans import CkptPlan
+    from suites.lib.controller.checkpoint_plans import CkptPlan
 
 __all__ = [
     "assert_loaded_equals_saved",

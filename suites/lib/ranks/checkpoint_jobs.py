@@ -19,12 +19,17 @@ import torch
 from torch import Tensor
 
 from harness import RankContext, Strategy
-from suites._run import RankResult, Trained, end, setup, train
-from suites.checkpoint_checks import files_digest
-from suites.checkpoint_plans import CkptPlan, format_options, make_metadata, plain_metadata
-from suites.models import BlockSpec, ModelSpec, build_model, clean_name
-from suites.oracles import gathered_optim_state, gathered_state
-from suites.specs import FSDPConfig, MPConfig, OptimSpec, Scenario, TrainPlan
+from suites.lib.controller.checkpoint_checks import files_digest
+from suites.lib.controller.checkpoint_plans import (
+    CkptPlan,
+    format_options,
+    make_metadata,
+    plain_metadata,
+)
+from suites.lib.controller.oracles import gathered_optim_state, gathered_state
+from suites.lib.ranks.training import RankResult, Trained, end, setup, train
+from suites.lib.shared.models import BlockSpec, ModelSpec, build_model, clean_name
+from suites.lib.shared.specs import FSDPConfig, MPConfig, OptimSpec, Scenario, TrainPlan
 
 __all__ = [
     "ERROR_SPEC",

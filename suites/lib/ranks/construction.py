@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from harness import MeshStrategy, RankContext, Strategy, Unsupported
-from suites.models import BlockSpec, ModelSpec
-from suites.specs import MPConfig
+from suites.lib.shared.models import BlockSpec, ModelSpec
+from suites.lib.shared.specs import MPConfig
 
 __all__ = [
     "SPEC",

@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from suites.models import build_model, clean_name, make_batch
-from suites.specs import Scenario
-from suites.tolerances import EXACT, Tolerance, tolerance
+from suites.lib.controller.tolerances import EXACT, Tolerance, tolerance
+from suites.lib.shared.models import build_model, clean_name, make_batch
+from suites.lib.shared.specs import Scenario
 
 __all__ = [
     "Reference",

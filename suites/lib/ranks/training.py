@@ -21,9 +21,9 @@ from torch import Tensor, nn
 
 from harness import RankContext, Strategy
 from harness.attribution import clause
-from suites.models import Linear, build_model, make_batch
-from suites.oracles import gathered_grads, gathered_state
-from suites.specs import Scenario
+from suites.lib.controller.oracles import gathered_grads, gathered_state
+from suites.lib.shared.models import Linear, build_model, make_batch
+from suites.lib.shared.specs import Scenario
 
 __all__ = [
     "RankResult",

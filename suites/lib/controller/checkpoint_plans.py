@@ -28,15 +28,15 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from torch.optim import Optimizer
 
-from suites.models import ModelSpec, make_batch
-from suites.scenarios import (
+from suites.lib.controller.scenarios import (
     available_world_sizes,
     fsdp_configs,
     scenarios,
     train_plans,
     world_sizes,
 )
-from suites.specs import MPConfig, OptimSpec, Scenario
+from suites.lib.shared.models import ModelSpec, make_batch
+from suites.lib.shared.specs import MPConfig, OptimSpec, Scenario
 
 __all__ = [
     "FAMILIES",

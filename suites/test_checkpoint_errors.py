@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from suites.lib.controller.checkpoint_checks import check_refusal, tree_diff
+from suites.lib.controller.dispatch import run
 from suites.lib.controller.scenarios import job_world
 from suites.lib.ranks.checkpoint_jobs import (
     ERROR_SPEC,
@@ -26,7 +27,7 @@ from suites.lib.ranks.checkpoint_jobs import (
     read_state,
     train_plan,
 )
-from suites.lib.ranks.training import end, run
+from suites.lib.ranks.training import end
 from suites.lib.shared.models import build_model
 
 FAMILIES = ["fsdp", "model_parallel"]
@@ -158,7 +159,7 @@ def test_save_replaces_checkpoints_and_refuses_other_directories(
 
 
 def _filter_rank(ctx: Any, family: str, directory: str) -> dict[str, Any]:
-    from suites.lib.controller.checkpoint_plans import make_metadata
+    from suites.lib.shared.checkpoint_specs import make_metadata
 
     full, sharded = (
         build(ctx, error_scenario(family, ctx.world_size), "full"),

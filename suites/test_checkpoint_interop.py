@@ -27,18 +27,13 @@ from suites.lib.controller.checkpoint_checks import (
     assert_loaded_equals_saved,
     assert_same_model,
     assert_same_optim,
-    files_digest,
     standard_form,
 )
-from suites.lib.controller.checkpoint_plans import (
-    CkptPlan,
-    ReorderedOptim,
-    ckpt_plans,
-    examples,
-    plain_train,
-)
-from suites.lib.controller.oracles import gathered_optim_state, gathered_state, named_optim_state
+from suites.lib.controller.checkpoint_plans import ckpt_plans
+from suites.lib.controller.dispatch import run
+from suites.lib.controller.oracles import named_optim_state, plain_train
 from suites.lib.controller.regressions import FULL_1X2_TO_2X2
+from suites.lib.controller.scenarios import examples
 from suites.lib.ranks.checkpoint_jobs import (
     build,
     build_with_two_optimizers,
@@ -47,7 +42,10 @@ from suites.lib.ranks.checkpoint_jobs import (
     read_state,
     save_rank,
 )
-from suites.lib.ranks.training import end, run
+from suites.lib.ranks.readers import gathered_optim_state, gathered_state
+from suites.lib.ranks.training import end
+from suites.lib.shared.checkpoint_specs import CkptPlan, ReorderedOptim
+from suites.lib.shared.files import files_digest
 from suites.lib.shared.models import build_model, clean_name
 from suites.lib.shared.specs import FSDPConfig, Scenario, WrapSpec
 

@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 import torch
 
-from suites.lib.controller.checkpoint_checks import check_refusal, files_digest, tree_diff
+from suites.lib.controller.checkpoint_checks import check_refusal, tree_diff
+from suites.lib.controller.dispatch import run
 from suites.lib.controller.scenarios import job_world
 from suites.lib.ranks.checkpoint_jobs import ERROR_SPEC, attempt, build, error_scenario, read_state
-from suites.lib.ranks.training import end, run
+from suites.lib.ranks.training import end
+from suites.lib.shared.files import files_digest
 from suites.lib.shared.models import build_model
 
 FAMILIES = ["fsdp", "model_parallel"]

@@ -33,10 +33,13 @@ from suites.lib.controller.checkpoint_checks import (
     standard_form,
     tree_diff,
 )
-from suites.lib.controller.checkpoint_plans import CkptPlan, ckpt_plans, examples
-from suites.lib.controller.oracles import gathered_optim_state, gathered_state
+from suites.lib.controller.checkpoint_plans import ckpt_plans
+from suites.lib.controller.dispatch import run
+from suites.lib.controller.scenarios import examples
 from suites.lib.ranks.checkpoint_jobs import attempt, build_with_two_optimizers
-from suites.lib.ranks.training import end, run
+from suites.lib.ranks.readers import gathered_optim_state, gathered_state
+from suites.lib.ranks.training import end
+from suites.lib.shared.checkpoint_specs import CkptPlan
 from suites.lib.shared.models import make_batch
 from suites.lib.shared.specs import FSDPConfig, Scenario, WrapSpec
 

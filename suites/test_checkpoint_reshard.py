@@ -23,10 +23,12 @@ from suites.lib.controller.checkpoint_checks import (
     assert_same_optim,
     convert_offline,
 )
-from suites.lib.controller.checkpoint_plans import CkptPlan, ckpt_plans, examples
+from suites.lib.controller.checkpoint_plans import ckpt_plans
+from suites.lib.controller.dispatch import run
 from suites.lib.controller.regressions import SHARDED_1X2_TO_2X2
+from suites.lib.controller.scenarios import examples
 from suites.lib.ranks.checkpoint_jobs import load_rank, path_for, save_rank
-from suites.lib.ranks.training import run
+from suites.lib.shared.checkpoint_specs import CkptPlan
 
 #: (family, format, save world, load world): both families and formats, shrinking and growing
 RESHARD_CASES = [

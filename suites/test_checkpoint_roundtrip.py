@@ -18,14 +18,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from suites.lib.controller.checkpoint_checks import assert_same_model, assert_same_optim, tree_diff
-from suites.lib.controller.checkpoint_plans import (
-    CkptPlan,
-    ckpt_plans,
-    examples,
-    fresh_metadata,
-    make_metadata,
-    plain_metadata,
-)
+from suites.lib.controller.checkpoint_plans import ckpt_plans
+from suites.lib.controller.dispatch import run
+from suites.lib.controller.scenarios import examples
 from suites.lib.ranks.checkpoint_jobs import (
     build,
     copy_buffers,
@@ -34,7 +29,13 @@ from suites.lib.ranks.checkpoint_jobs import (
     read_state,
     train_plan,
 )
-from suites.lib.ranks.training import end, run
+from suites.lib.ranks.training import end
+from suites.lib.shared.checkpoint_specs import (
+    CkptPlan,
+    fresh_metadata,
+    make_metadata,
+    plain_metadata,
+)
 from suites.lib.shared.models import build_model
 
 COMMON = ("CKPT-SAVE-4", "CKPT-LOAD-2", "CKPT-STRICT-3", "CKPT-BUF-1")

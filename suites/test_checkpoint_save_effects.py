@@ -19,15 +19,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from suites.lib.controller.checkpoint_checks import tree_diff
-from suites.lib.controller.checkpoint_plans import (
-    CkptPlan,
-    ckpt_plans,
-    examples,
-    make_metadata,
-    plain_metadata,
-)
+from suites.lib.controller.checkpoint_plans import ckpt_plans
+from suites.lib.controller.dispatch import run
+from suites.lib.controller.scenarios import examples
 from suites.lib.ranks.checkpoint_jobs import build, path_for, read_state, train_plan
-from suites.lib.ranks.training import end, run
+from suites.lib.ranks.training import end
+from suites.lib.shared.checkpoint_specs import CkptPlan, make_metadata, plain_metadata
 
 CLAUSE = "CKPT-SAVE-7"
 

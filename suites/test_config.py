@@ -20,7 +20,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from harness import Unsupported, run_on_ranks
-from suites.lib.controller.oracles import assert_parity, gathered_state
+from suites.lib.controller.cuda_env import has_accelerator
+from suites.lib.controller.oracles import assert_parity
 from suites.lib.controller.scenarios import SHARDING_STRATEGIES, job_world, world_sizes
 from suites.lib.ranks.construction import (
     SPEC,
@@ -28,13 +29,13 @@ from suites.lib.ranks.construction import (
     build,
     expect_error,
     fsdp_units,
-    has_accelerator,
     named,
     number,
     outcome,
     supported_families,
     unit_groups,
 )
+from suites.lib.ranks.readers import gathered_state
 from suites.lib.ranks.training import RankResult, Trained, train
 from suites.lib.shared.models import Block, build_model
 from suites.lib.shared.specs import ACSpec, FSDPConfig, OptimSpec, Scenario, TrainPlan, WrapSpec

@@ -11,10 +11,11 @@ import pytest
 from hypothesis import given
 
 from harness import RankContext
+from suites.lib.controller.dispatch import run
 from suites.lib.controller.oracles import assert_parity
 from suites.lib.controller.scenarios import meshes, scenarios, train_plans, world_sizes
 from suites.lib.ranks.structure import fsdp2_units, sync_flags
-from suites.lib.ranks.training import end, run, setup, train_rank
+from suites.lib.ranks.training import end, setup, train_rank
 from suites.lib.shared.models import BlockSpec, ModelSpec, build_model, clean_name
 from suites.lib.shared.parallelize import expected_tp_placements, parallelize_zoo
 from suites.lib.shared.specs import MPConfig, Scenario

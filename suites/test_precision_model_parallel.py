@@ -20,15 +20,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness import RankContext
-from suites.lib.controller.checkpoint_plans import examples
+from suites.lib.controller.dispatch import run
 from suites.lib.controller.oracles import assert_parity
-from suites.lib.controller.scenarios import scenarios, train_plans
+from suites.lib.controller.scenarios import examples, scenarios, train_plans
 from suites.lib.ranks.training import (
     Trained,
     compute_dtypes,
     end,
     optimizer_state_dtypes,
-    run,
     train_rank,
 )
 from suites.lib.shared.models import build_model
@@ -39,7 +38,7 @@ LOW = {"bf16-true": torch.bfloat16, "16-true": torch.float16}
 
 def _with_precision(scenario: Scenario, precision: str) -> Scenario:
     """``scenario`` under ``precision`` (the zoo's model_parallel draws only fp32 masters);
-    fp16 Adam gets ``eps=1e-4`` as :func:`suites.scenarios.optim_specs` gives it."""
+    fp16 Adam gets ``eps=1e-4`` as :func:`suites.lib.controller.scenarios.optim_specs` gives it."""
     strategy = dataclasses.replace(scenario.strategy, precision=precision)
     optim = scenario.optim
     if precision.startswith("16"):

@@ -1,7 +1,8 @@
 """SPEC.md section 3: sharding layout, consistency, wrap policies, activation checkpointing.
 
 Every test drives the strategy only through ``ctx.make_strategy`` (``--strategy``) and
-reads the result with torch's own APIs (``suites/oracles.py``, ``suites/_inspect.py``).
+reads the result with torch's own APIs (``suites/lib/ranks/readers.py``,
+``suites/lib/ranks/structure.py``).
 """
 
 from __future__ import annotations
@@ -15,18 +16,19 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from harness import RankContext
+from suites.lib.controller.dispatch import run
 from suites.lib.controller.oracles import (
     assert_close_state,
     assert_parity,
     assert_same_on_ranks,
-    gathered_state,
     reference_run,
 )
 from suites.lib.controller.regressions import AC_BLOCKS
 from suites.lib.controller.scenarios import job_world, scenarios, train_plans
 from suites.lib.controller.tolerances import EXACT
+from suites.lib.ranks.readers import gathered_state
 from suites.lib.ranks.structure import checkpoint_wrapped, fsdp1_units, nested_checkpoint_wrappers
-from suites.lib.ranks.training import end, run, setup, train_rank
+from suites.lib.ranks.training import end, setup, train_rank
 from suites.lib.shared.models import BlockSpec, ModelSpec, build_model
 from suites.lib.shared.specs import ACSpec, FSDPConfig, Scenario, WrapSpec
 

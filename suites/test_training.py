@@ -1,8 +1,9 @@
 """SPEC.md section 4 (training semantics): parity, frozen/tied, uneven sizes, accumulation
 with ``no_backward_sync``, gradient clipping, meta-device init.
 
-The reference is the plain model trained in the controller (``suites/oracles.py``); the
-strategy is reached only through ``ctx.make_strategy`` (``--strategy``).
+The reference is the plain model trained in the controller
+(``suites/lib/controller/oracles.py``); the strategy is reached only through
+``ctx.make_strategy`` (``--strategy``).
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from hypothesis import strategies as st
 from torch import nn
 
 from harness import RankContext
+from suites.lib.controller.dispatch import run
 from suites.lib.controller.oracles import (
     assert_close,
     assert_close_state,
     assert_parity,
-    gathered_state,
     reference_model,
     reference_run,
 )
@@ -36,8 +37,9 @@ from suites.lib.controller.regressions import (
 )
 from suites.lib.controller.scenarios import SHARDING_STRATEGIES, job_world, scenarios, train_plans
 from suites.lib.controller.tolerances import EXACT, tolerance
+from suites.lib.ranks.readers import gathered_state
 from suites.lib.ranks.structure import sync_flags
-from suites.lib.ranks.training import RankResult, end, micro_step, run, setup, train_rank
+from suites.lib.ranks.training import RankResult, end, micro_step, setup, train_rank
 from suites.lib.shared.models import Scale, build_model, clean_name, make_batch
 from suites.lib.shared.parallelize import parallelize_zoo
 from suites.lib.shared.specs import FSDPConfig, Scenario, TrainPlan

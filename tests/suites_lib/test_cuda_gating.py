@@ -1,4 +1,5 @@
-"""The CUDA-only checks' gate (``suites/cuda_env.py``): the ``environment:`` reason, or None."""
+"""The CUDA-only checks' gate (``suites/lib/controller/cuda_env.py``): the ``environment:``
+reason, or None."""
 
 from __future__ import annotations
 

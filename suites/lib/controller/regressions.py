@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from suites.lib.controller.checkpoint_plans import CkptPlan
+from suites.lib.shared.checkpoint_specs import CkptPlan
 from suites.lib.shared.models import BlockSpec, ModelSpec
 from suites.lib.shared.specs import (
     ACSpec,

@@ -3,7 +3,8 @@
 :func:`surface_rank` runs every probe of one family in ONE job. Each probe builds its own
 strategy through ``ctx.make_strategy`` (the plug-in contract), drives one part of the
 surface and records what it saw; an error or an ``Unsupported`` is recorded too, so that a
-broken method fails only the test of its clause (``suites/test_api.py``).
+broken method fails only the test of its clause (``suites/test_api.py``, which also picks the
+world size of each family's job).
 """
 
 from __future__ import annotations
@@ -20,10 +21,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness import MeshStrategy, RankContext, Strategy, Unsupported, max_world_size
+from harness import MeshStrategy, RankContext, Strategy, Unsupported
 from harness.attribution import clause_of
-from suites.lib.controller.oracles import gathered_grads, gathered_state
-from suites.lib.controller.scenarios import job_world
+from suites.lib.ranks.readers import gathered_grads, gathered_state
 from suites.lib.ranks.training import RankResult, Trained, setup, train
 from suites.lib.shared.models import (
     BlockSpec,
@@ -42,7 +42,6 @@ __all__ = [
     "SPEC",
     "scenario_of",
     "surface_rank",
-    "world_of",
 ]
 
 #: a trunk with a nested wrap unit, a Scale (buffers, a one-element parameter) and a head
@@ -60,17 +59,15 @@ LOSS_DOWN = 2.0**-8
 LR = 0.1
 
 
-def world_of(family: str) -> int:
-    """The world size of ``family``'s job: fsdp 2 (in attach mode torchrun's, if larger);
-    model_parallel dp=2 x tp=2 when the session allows 4 ranks, else dp=2 x tp=1."""
-    return job_world(2) if family == "fsdp" else min(4, max_world_size())
+def scenario_of(family: str, world: int, precision: str = "32-true", lr: float = LR) -> Scenario:
+    """fsdp: FULL_SHARD with Block/NestedBlock units; model_parallel: dp=2 x tp (mlp plan).
 
-
-def scenario_of(
-    family: str, precision: str = "32-true", lr: float = LR, world: int | None = None
-) -> Scenario:
-    """fsdp: FULL_SHARD with Block/NestedBlock units; model_parallel: dp=2 x tp (mlp plan)."""
-    world = world_of(family) if world is None else world  # ranks pass theirs: no --nproc there
+    Args:
+        family: ``fsdp`` or ``model_parallel``.
+        world: the job's world size (the controller's choice; a rank passes its own).
+        precision: the precision string.
+        lr: the learning rate.
+    """
     config: FSDPConfig | MPConfig
     if family == "fsdp":
         config = FSDPConfig(wrap=WrapSpec("classes", UNITS), precision=precision)
@@ -299,7 +296,7 @@ def surface_rank(ctx: Any, family: str) -> dict[str, Any]:
         ctx: the harness ``RankContext``.
         family: ``fsdp`` or ``model_parallel``.
     """
-    scenario = scenario_of(family, world=ctx.world_size)
+    scenario = scenario_of(family, ctx.world_size)
     out: dict[str, Any] = {}
     for name, fn in (
         ("api1", _api1),
@@ -318,7 +315,7 @@ def surface_rank(ctx: Any, family: str) -> dict[str, Any]:
             f"api4[{precision}]",
             _api4,
             ctx,
-            scenario_of(family, precision, LR / LOSS_DOWN, ctx.world_size),
+            scenario_of(family, ctx.world_size, precision, LR / LOSS_DOWN),
         )
     _probe(out, "api8", _api8, ctx, scenario)
     return out

@@ -1,12 +1,12 @@
 """Rank-side jobs and helpers of the checkpoint suites (run inside ``run_on_ranks``).
 
 Everything goes through the plug-in contract: :func:`build` sets up with
-``ctx.make_strategy`` (the format is the strategy option ``state_dict_type`` /
-``save_distributed_checkpoint``), and :func:`read_state` reads the gathered model and
-optimizer state with torch's own APIs (``suites.oracles``), never with the strategy's
-save/load. :func:`save_rank`/:func:`load_rank` are the two halves of a round trip that may
-run at two world sizes; :func:`attempt` records what an error case raised and whether the
-files on disk changed.
+``ctx.make_strategy`` (the format is the strategy option :func:`format_options` gives:
+``state_dict_type`` / ``save_distributed_checkpoint``), and :func:`read_state` reads the
+gathered model and optimizer state with torch's own APIs (:mod:`suites.lib.ranks.readers`),
+never with the strategy's save/load. :func:`save_rank`/:func:`load_rank` are the two halves
+of a round trip that may run at two world sizes; :func:`attempt` records what an error case
+raised and whether the files on disk changed.
 """
 
 from __future__ import annotations
@@ -19,15 +19,10 @@ import torch
 from torch import Tensor
 
 from harness import RankContext, Strategy
-from suites.lib.controller.checkpoint_checks import files_digest
-from suites.lib.controller.checkpoint_plans import (
-    CkptPlan,
-    format_options,
-    make_metadata,
-    plain_metadata,
-)
-from suites.lib.controller.oracles import gathered_optim_state, gathered_state
+from suites.lib.ranks.readers import gathered_optim_state, gathered_state
 from suites.lib.ranks.training import RankResult, Trained, end, setup, train
+from suites.lib.shared.checkpoint_specs import FORMATS, CkptPlan, make_metadata, plain_metadata
+from suites.lib.shared.files import files_digest
 from suites.lib.shared.models import BlockSpec, ModelSpec, build_model, clean_name
 from suites.lib.shared.specs import FSDPConfig, MPConfig, OptimSpec, Scenario, TrainPlan
 
@@ -38,6 +33,7 @@ __all__ = [
     "build_with_two_optimizers",
     "copy_buffers",
     "error_scenario",
+    "format_options",
     "load_rank",
     "nonpersistent_buffers",
     "path_for",
@@ -45,6 +41,15 @@ __all__ = [
     "save_rank",
     "train_plan",
 ]
+
+
+def format_options(family: str, fmt: str) -> dict[str, Any]:
+    """The strategy option that selects checkpoint format ``fmt`` for ``family``."""
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt={fmt!r} is not a checkpoint format; use one of {FORMATS}.")
+    if family == "fsdp":
+        return {"state_dict_type": fmt}
+    return {"save_distributed_checkpoint": fmt == "sharded"}
 
 
 def build(ctx: RankContext, scenario: Scenario, fmt: str) -> Trained:

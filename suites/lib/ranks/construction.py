@@ -25,7 +25,6 @@ __all__ = [
     "build",
     "expect_error",
     "fsdp_units",
-    "has_accelerator",
     "named",
     "number",
     "outcome",
@@ -155,14 +154,6 @@ def outcome(fn: Callable[[], Any]) -> tuple[str, str]:
     except Exception as exc:
         return type(exc).__name__, str(exc)
     return "ok", ""
-
-
-def has_accelerator() -> bool:
-    """Whether this machine has an accelerator (CUDA or another torch accelerator)."""
-    accelerator = getattr(torch, "accelerator", None)
-    if accelerator is not None and hasattr(accelerator, "is_available"):
-        return bool(accelerator.is_available())
-    return torch.cuda.is_available()
 
 
 def unit_groups(unit: Any) -> tuple[Any, ...]:

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from suites.lib.controller.oracles import gathered_state
 from suites.lib.ranks.construction import SPEC, build
+from suites.lib.ranks.readers import gathered_state
 from suites.lib.ranks.training import RankResult, end, micro_step, setup, train
 from suites.lib.shared.models import Linear, build_model
 from suites.lib.shared.specs import MPConfig, Scenario

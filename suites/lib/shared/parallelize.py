@@ -5,7 +5,8 @@ A ``parallelize_fn(module, device_mesh) -> module`` gets the strategy's 2-D mesh
 ``Block`` on the ``tensor_parallel`` dim, then ``fully_shard`` on the ``data_parallel`` dim:
 first the modules of the configured classes (post-order, so nested units come first), then
 the root. It leaves the module where it is (meta or real): the strategy materializes it.
-:meth:`suites.specs.MPConfig.parallelize_fn` binds :func:`parallelize_zoo` to a configuration.
+:meth:`suites.lib.shared.specs.MPConfig.parallelize_fn` binds :func:`parallelize_zoo` to a
+configuration.
 """
 
 from __future__ import annotations

@@ -299,8 +299,9 @@ class MPConfig:
     family = "model_parallel"
 
     def parallelize_fn(self) -> Callable[[nn.Module, DeviceMesh], nn.Module]:
-        """The ``parallelize_fn`` the strategy gets: :func:`~suites.parallelize.parallelize_zoo`
-        with this configuration's plan, units, resharding and precision (built on the ranks)."""
+        """The ``parallelize_fn`` the strategy gets (built on the ranks):
+        :func:`~suites.lib.shared.parallelize.parallelize_zoo` with this configuration's plan,
+        units, resharding and precision."""
         return functools.partial(
             parallelize_zoo,
             tp_plan=self.tp_plan,

@@ -5,18 +5,26 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, cast, overload
 
 import torch
 import torch.distributed as dist
 
 from harness.attribution import tag
-from harness.contract import StrategySpec, Unsupported, load_factory, spec_field_names
+from harness.contract import (
+    MeshStrategy,
+    Strategy,
+    StrategyFactory,
+    StrategySpec,
+    Unsupported,
+    load_factory,
+    spec_field_names,
+)
 
 __all__ = ["RankContext", "StrategyAgreementError"]
 
 _FIXED_FIELDS = frozenset({"family", "rank", "world_size", "device"})
-_FACTORIES: dict[str, Any] = {}
+_FACTORIES: dict[str, StrategyFactory] = {}
 
 
 class StrategyAgreementError(RuntimeError):
@@ -59,7 +67,13 @@ class RankContext:
         os.makedirs(self.job_dir, exist_ok=True)
         return self.job_dir
 
-    def make_strategy(self, family: str, **options: Any) -> Any:
+    @overload
+    def make_strategy(self, family: Literal["model_parallel"], **options: Any) -> MeshStrategy: ...
+
+    @overload
+    def make_strategy(self, family: str, **options: Any) -> Strategy: ...
+
+    def make_strategy(self, family: str, **options: Any) -> Strategy:
         """Build this rank's strategy with the selected factory, agreeing across ranks.
 
         Every rank of the job must call this (it runs one ``all_gather_object``). If the
@@ -72,6 +86,12 @@ class RankContext:
             **options: ``StrategySpec`` fields (``precision``, ``sharding_strategy``, ...);
                 ``extra=`` is merged over the ``--strategy-option`` values.
 
+        Returns:
+            The factory's :class:`~harness.contract.Strategy`; typed as a
+            :class:`~harness.contract.MeshStrategy` for the ``model_parallel`` family (its
+            strategies have a ``device_mesh``). The harness does not check either at run time:
+            the suites do, clause by clause.
+
         Raises:
             TypeError: an option is not a ``StrategySpec`` field.
             Unsupported: the factory refused the configuration on some rank.
@@ -83,7 +103,7 @@ class RankContext:
                 f"make_strategy got unknown option(s) {', '.join(unknown)}; "
                 f"options must be StrategySpec fields: {allowed}."
             )
-        strategy: Any = None
+        strategy: Strategy | None = None
         mine: tuple[str, Any]
         own_error: BaseException | None = None
         try:
@@ -109,13 +129,15 @@ class RankContext:
         return _agree(self.rank, verdicts, strategy, own_error)
 
 
-def _factory(target: str) -> Any:
+def _factory(target: str) -> StrategyFactory:
     if target not in _FACTORIES:
         _FACTORIES[target] = load_factory(target)
     return _FACTORIES[target]
 
 
-def _agree(rank: int, verdicts: list[Any], strategy: Any, own: BaseException | None) -> Any:
+def _agree(
+    rank: int, verdicts: list[Any], strategy: Strategy | None, own: BaseException | None
+) -> Strategy:
     for kind, detail in verdicts:
         if kind == "unsupported":
             if isinstance(own, Unsupported):
@@ -131,4 +153,5 @@ def _agree(rank: int, verdicts: list[Any], strategy: Any, own: BaseException | N
             )
             tag(error, "API-1")
             raise error
-    return strategy
+    # every rank's factory returned: ``strategy`` is what this rank's factory gave
+    return cast(Strategy, strategy)

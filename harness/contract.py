@@ -1,9 +1,14 @@
 """The plug-in contract between shardcheck and a strategy under test.
 
-A *strategy factory* is a callable ``factory(spec: StrategySpec) -> strategy``. The harness
+A *strategy factory* is a callable ``factory(spec: StrategySpec) -> Strategy``. The harness
 builds the spec on every rank, inside a job (so it may hold callables, classes and device
 meshes), and calls the factory there. A factory that cannot honour the spec raises
 :class:`Unsupported`; the report then shows ``unsupported: option=value (reason)``.
+
+:class:`Strategy` is the surface the suites call on what the factory returns, as a
+``typing.Protocol``: a strategy conforms by having these members, not by subclassing anything.
+It lists what the suites use and nothing more, so that mypy flags a suite calling anything
+else; the behaviour each member owes is in ``CONTRACT.md`` (the API-* clauses).
 
 The field names and defaults of :class:`StrategySpec` are fixed by the design
 (``DESIGN.md``, "The contract for third-party strategies"): third parties code against them.
@@ -15,16 +20,26 @@ import dataclasses
 import importlib
 import inspect
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import torch
+from torch import Tensor, nn
+from torch.optim import Optimizer
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = [
     "DEFAULT_FACTORY",
     "FAMILIES",
     "PRECISIONS",
+    "MeshStrategy",
+    "Strategy",
+    "StrategyFactory",
     "StrategyFactoryError",
+    "StrategyPrecision",
     "StrategySpec",
     "Unsupported",
     "load_factory",
@@ -80,6 +95,138 @@ def spec_field_names() -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(StrategySpec))
 
 
+_T = TypeVar("_T")
+
+
+class StrategyPrecision(Protocol):
+    """The part of a strategy's precision plugin the suites use (API-4)."""
+
+    def forward_context(self) -> AbstractContextManager[Any]:
+        """A context the suites run the forward pass and the loss in."""
+
+    def convert_input(self, data: Any) -> Any:
+        """``data`` (a tensor of a batch) in the dtype the set-up module expects as input."""
+
+
+class Strategy(Protocol):
+    """What the suites call on the object a factory returns: one strategy of one rank.
+
+    Every member here is used by some suite; the clause in parentheses is where
+    ``CONTRACT.md`` says what it must do. A member a suite needs only for one family is not
+    here (see :class:`MeshStrategy`).
+    """
+
+    @property
+    def root_device(self) -> torch.device:
+        """This rank's device: where the suites put inputs and targets (API-6)."""
+
+    @property
+    def precision(self) -> StrategyPrecision:
+        """The precision plugin; the suites run forwards through it (API-4)."""
+
+    @property
+    def distributed_sampler_kwargs(self) -> Mapping[str, int]:
+        """``num_replicas`` and ``rank`` of the data-parallel dimension; the suites pick each
+        rank's batches by ``rank`` (API-6)."""
+
+    @property
+    def checkpoint_io(self) -> Any:
+        """Not supported: the suites expect reading it to raise ``NotImplementedError``
+        (API-7), so its type is nothing they rely on."""
+
+    @checkpoint_io.setter
+    def checkpoint_io(self, value: Any) -> None:
+        """Not supported: the suites expect assigning any object to raise
+        ``NotImplementedError`` (API-7)."""
+
+    def setup_environment(self) -> None:
+        """Join the default process group the harness already created, without creating or
+        destroying one (API-1); the suites call it right after the factory."""
+
+    def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
+        """A context the suites build the model in; ``empty_init=True`` may leave it on the
+        meta device for ``setup_module`` to materialize (API-3)."""
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        """The sharded module the suites then train, save and load (API-2)."""
+
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        """The optimizer to step, built from the set-up module's parameters; one that holds
+        none of them is refused with ``ValueError`` (API-2)."""
+
+    def setup_module_and_optimizers(
+        self, module: nn.Module, optimizers: list[Optimizer]
+    ) -> tuple[nn.Module, list[Optimizer]]:
+        """``(module, [optimizers])`` set up together (API-2; fsdp with ``use_orig_params``)."""
+
+    def backward(self, tensor: Tensor, module: nn.Module | None) -> None:
+        """Backward of the loss ``tensor`` through the precision plugin (API-4)."""
+
+    def optimizer_step(self, optimizer: Optimizer) -> Any:
+        """One step of ``optimizer`` through the precision plugin (API-4); the suites ignore
+        what it returns."""
+
+    def clip_gradients_norm(
+        self,
+        module: nn.Module,
+        optimizer: Optimizer,
+        max_norm: float,
+        norm_type: float = 2.0,
+        error_if_nonfinite: bool = True,
+    ) -> Tensor:
+        """Scale the gradients to a global norm of at most ``max_norm`` and return that norm,
+        the same on every rank (CLIP-1)."""
+
+    def no_backward_sync(self, module: nn.Module, enabled: bool) -> AbstractContextManager[Any]:
+        """A context that skips the gradient reduction when ``enabled`` and is a no-op when
+        not (SYNC-1); the suites accumulate micro-batches under it."""
+
+    def all_reduce(self, tensor: _T, group: Any | None = None, reduce_op: str = "mean") -> _T:
+        """``tensor`` reduced over the world with ``reduce_op`` (``"mean"`` or ``"sum"``, by
+        keyword); anything that is not a tensor comes back as it came (API-5)."""
+
+    def broadcast(self, obj: _T, src: int = 0) -> _T:
+        """Rank ``src``'s picklable ``obj``, on every rank (API-5)."""
+
+    def barrier(self, name: str | None = None) -> None:
+        """Return once every rank has called it (API-5)."""
+
+    def save_checkpoint(
+        self,
+        path: str,
+        state: dict[str, Any],
+        storage_options: Any = None,
+        filter: dict[str, Callable[[str, Any], bool]] | None = None,
+    ) -> None:
+        """Save the set-up module, optimizers (or lists of them) and plain values of ``state``
+        to ``path``; ``storage_options`` other than ``None`` is refused (CKPT-*)."""
+
+    def load_checkpoint(
+        self,
+        path: str,
+        state: dict[str, Any] | nn.Module | Optimizer | None = None,
+        strict: bool = True,
+    ) -> dict[str, Any]:
+        """Restore the objects in ``state`` in place (a bare module: from a file of its state
+        dict) and return the saved entries that ``state`` did not ask for (CKPT-*)."""
+
+    def teardown(self) -> None:
+        """Release what the strategy holds; the harness's process group stays usable (API-8)."""
+
+
+class MeshStrategy(Strategy, Protocol):
+    """A strategy of the ``model_parallel`` family: :class:`Strategy` and its device mesh."""
+
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        """The ``data_parallel`` x ``tensor_parallel`` mesh, built by ``setup_environment``;
+        reading it before then raises ``RuntimeError`` (MP-1, API-6)."""
+
+
+#: What ``--strategy`` names: a callable building this rank's strategy from the spec.
+StrategyFactory = Callable[[StrategySpec], Strategy]
+
+
 class Unsupported(Exception):
     """Raised by a strategy factory (or a strategy) for a configuration it does not support.
 
@@ -130,7 +277,7 @@ class StrategyFactoryError(Exception):
     """The ``--strategy`` value cannot be used: bad syntax, import error, wrong signature."""
 
 
-def load_factory(target: str) -> Callable[[StrategySpec], Any]:
+def load_factory(target: str) -> StrategyFactory:
     """Resolve ``"module:callable"`` to the factory and check it takes one argument.
 
     Raises:

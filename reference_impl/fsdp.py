@@ -159,6 +159,7 @@ class FSDPStrategy(ShardedStrategyBase):
             )
 
     # ------------------------------------------------------------------ environment
+    @override
     def setup_environment(self) -> None:
         """Join the process group (reusing an existing one) and build the device mesh."""
         super().setup_environment()
@@ -180,6 +181,7 @@ class FSDPStrategy(ShardedStrategyBase):
         )
 
     @property
+    @override
     def _full_checkpoint(self) -> bool:
         return self.state_dict_type == "full"
 
@@ -189,6 +191,7 @@ class FSDPStrategy(ShardedStrategyBase):
         return self.mixed_precision or self.precision.mixed_precision_config()
 
     # ------------------------------------------------------------------ modules
+    @override
     def setup_module(self, module: nn.Module) -> nn.Module:
         """Wrap ``module`` in FSDP (materializing meta tensors) and apply checkpointing.
 
@@ -296,6 +299,7 @@ class FSDPStrategy(ShardedStrategyBase):
                 return ShardingStrategy.NO_SHARD
         return self.sharding_strategy
 
+    @override
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         """Check that ``optimizer`` steps parameters of a set-up module and return it."""
         owned = {id(p) for m in self._modules for p in m.parameters()}
@@ -310,6 +314,7 @@ class FSDPStrategy(ShardedStrategyBase):
             )
         return optimizer
 
+    @override
     def setup_module_and_optimizers(
         self, module: nn.Module, optimizers: list[Optimizer]
     ) -> tuple[nn.Module, list[Optimizer]]:
@@ -335,6 +340,7 @@ class FSDPStrategy(ShardedStrategyBase):
             )
         return module  # type: ignore[return-value]
 
+    @override
     def no_backward_sync(self, module: nn.Module, enabled: bool) -> AbstractContextManager[Any]:
         """Skip gradient reduction inside the block when ``enabled`` (FSDP's ``no_sync``).
 
@@ -345,6 +351,7 @@ class FSDPStrategy(ShardedStrategyBase):
             return contextlib.nullcontext()
         return self._require_root(module, "no_backward_sync(enabled=True)").no_sync()
 
+    @override
     @torch.no_grad()
     def clip_gradients_norm(
         self,
@@ -379,6 +386,7 @@ class FSDPStrategy(ShardedStrategyBase):
         return total
 
     # ------------------------------------------------------------------ teardown
+    @override
     def teardown(self) -> None:
         """Drop the set-up modules and the mesh; leave a caller's process group intact."""
         self._modules.clear()

@@ -2,7 +2,7 @@
 ``use_orig_params=True``, applied by :class:`reference_impl.fsdp.FSDPStrategy`.
 
 Each function's docstring names the torch code at fault, the symptom and why the fix is
-safe; the suites keep a regression scenario for each (``suites/regressions.py``).
+safe; the suites keep a regression scenario for each (``suites/lib/controller/regressions.py``).
 """
 
 from __future__ import annotations

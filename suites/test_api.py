@@ -1,6 +1,6 @@
 """SPEC.md section 1: the strategy object (API-1..API-8), for both families.
 
-The rank side is in ``suites/_api_probes.py``: one job per family runs every probe, each on
+The rank side is in ``suites/lib/ranks/api_probes.py``: one job per family runs every probe, each on
 a strategy of its own built through ``ctx.make_strategy``. The tests here read the ranks'
 observations (computed once per session) and assert on every rank's; a probe that raised
 fails only its own test, with every rank's traceback.
@@ -14,9 +14,18 @@ from typing import Any
 import pytest
 import torch
 
-from harness import run_on_ranks
+from harness import max_world_size, run_on_ranks
 from harness.attribution import tag
-from suites._api_probes import (
+from suites.lib.controller.oracles import (
+    assert_close,
+    assert_close_state,
+    assert_parity,
+    reference_run,
+    scenario_tolerance,
+)
+from suites.lib.controller.scenarios import job_world
+from suites.lib.controller.tolerances import EXACT
+from suites.lib.ranks.api_probes import (
     FAMILIES,
     LOSS_DOWN,
     MP_PRECISIONS,
@@ -24,19 +33,17 @@ from suites._api_probes import (
     SPEC,
     scenario_of,
     surface_rank,
-    world_of,
 )
-from suites.models import build_model, iter_param_owners
-from suites.oracles import (
-    assert_close,
-    assert_close_state,
-    assert_parity,
-    reference_run,
-    scenario_tolerance,
-)
-from suites.tolerances import EXACT
+from suites.lib.shared.models import build_model, iter_param_owners
 
 family_param = pytest.mark.parametrize("family", FAMILIES)
+
+
+def world_of(family: str) -> int:
+    """The world size of ``family``'s job: fsdp 2 (in attach mode torchrun's, if larger);
+    model_parallel dp=2 x tp=2 when the session allows 4 ranks, else dp=2 x tp=1."""
+    return job_world(2) if family == "fsdp" else min(4, max_world_size())
+
 
 _OBSERVED: dict[str, tuple[str, Any]] = {}
 
@@ -106,9 +113,9 @@ def test_setup_module_shards_and_setup_optimizer_steps_it(family: str) -> None:
         )
         with torch.no_grad():
             expected = plain(extra["input"])
-        tol = scenario_tolerance(scenario_of(family))
+        tol = scenario_tolerance(scenario_of(family, world_of(family)))
         assert_close(extra["output"], expected, tol, name=f"rank {r.rank}: forward output")
-    assert_parity(results, scenario_of(family))
+    assert_parity(results, scenario_of(family, world_of(family)))
 
 
 @pytest.mark.clause("API-2")
@@ -119,7 +126,7 @@ def test_setup_module_and_optimizers_returns_the_pair() -> None:
             f"rank {r.rank}: setup_module_and_optimizers(module, [opt]) must return "
             f"(module, [optimizer]); got (type, len, type of [1], len of [1]) = {r.extra}"
         )
-    assert_parity(results, scenario_of("fsdp"))
+    assert_parity(results, scenario_of("fsdp", world_of("fsdp")))
 
 
 @pytest.mark.clause("API-3")
@@ -153,7 +160,7 @@ def test_module_init_context_meta_and_materialization(family: str) -> None:
     [*(("fsdp", p) for p in PRECISIONS), *(("model_parallel", p) for p in MP_PRECISIONS)],
 )
 def test_backward_and_step_go_through_the_precision(family: str, precision: str) -> None:
-    ref_scenario = scenario_of(family, precision)
+    ref_scenario = scenario_of(family, world_of(family), precision)
     ref = reference_run(ref_scenario)
     tol = scenario_tolerance(ref_scenario)
     names = [k for k, g in ref.grads.items() if g is not None]

@@ -34,10 +34,14 @@ from hypothesis import strategies as st
 
 from harness import RankFailure
 from harness.api import current_config
-from suites._run import end, run
-from suites.checkpoint_checks import assert_same_model, assert_same_optim, files_digest
-from suites.checkpoint_jobs import build, path_for, read_state, train_plan
-from suites.checkpoint_plans import CkptPlan, ckpt_plans, examples, fresh_metadata, make_metadata
+from suites.lib.controller.checkpoint_checks import assert_same_model, assert_same_optim
+from suites.lib.controller.checkpoint_plans import ckpt_plans
+from suites.lib.controller.dispatch import run
+from suites.lib.controller.scenarios import examples
+from suites.lib.ranks.checkpoint_jobs import build, path_for, read_state, train_plan
+from suites.lib.ranks.training import end
+from suites.lib.shared.checkpoint_specs import CkptPlan, fresh_metadata, make_metadata
+from suites.lib.shared.files import files_digest
 
 CLAUSE = "CKPT-SAVE-6"
 CASES = [

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 import torch
 
-from suites._run import end, run
-from suites.checkpoint_checks import check_refusal, tree_diff
-from suites.checkpoint_jobs import (
+from suites.lib.controller.checkpoint_checks import check_refusal, tree_diff
+from suites.lib.controller.dispatch import run
+from suites.lib.controller.scenarios import job_world
+from suites.lib.ranks.checkpoint_jobs import (
     ERROR_SPEC,
     attempt,
     build,
@@ -26,8 +27,8 @@ from suites.checkpoint_jobs import (
     read_state,
     train_plan,
 )
-from suites.models import build_model
-from suites.scenarios import job_world
+from suites.lib.ranks.training import end
+from suites.lib.shared.models import build_model
 
 FAMILIES = ["fsdp", "model_parallel"]
 
@@ -158,7 +159,7 @@ def test_save_replaces_checkpoints_and_refuses_other_directories(
 
 
 def _filter_rank(ctx: Any, family: str, directory: str) -> dict[str, Any]:
-    from suites.checkpoint_plans import make_metadata
+    from suites.lib.shared.checkpoint_specs import make_metadata
 
     full, sharded = (
         build(ctx, error_scenario(family, ctx.world_size), "full"),

@@ -23,15 +23,18 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from suites._run import end, run
-from suites.checkpoint_checks import (
+from suites.lib.controller.checkpoint_checks import (
     assert_loaded_equals_saved,
     assert_same_model,
     assert_same_optim,
-    files_digest,
     standard_form,
 )
-from suites.checkpoint_jobs import (
+from suites.lib.controller.checkpoint_plans import ckpt_plans
+from suites.lib.controller.dispatch import run
+from suites.lib.controller.oracles import named_optim_state, plain_train
+from suites.lib.controller.regressions import FULL_1X2_TO_2X2
+from suites.lib.controller.scenarios import examples
+from suites.lib.ranks.checkpoint_jobs import (
     build,
     build_with_two_optimizers,
     load_rank,
@@ -39,17 +42,12 @@ from suites.checkpoint_jobs import (
     read_state,
     save_rank,
 )
-from suites.checkpoint_plans import (
-    CkptPlan,
-    ReorderedOptim,
-    ckpt_plans,
-    examples,
-    plain_train,
-)
-from suites.models import build_model, clean_name
-from suites.oracles import gathered_optim_state, gathered_state, named_optim_state
-from suites.regressions import FULL_1X2_TO_2X2
-from suites.specs import FSDPConfig, Scenario, WrapSpec
+from suites.lib.ranks.readers import gathered_optim_state, gathered_state
+from suites.lib.ranks.training import end
+from suites.lib.shared.checkpoint_specs import CkptPlan, ReorderedOptim
+from suites.lib.shared.files import files_digest
+from suites.lib.shared.models import build_model, clean_name
+from suites.lib.shared.specs import FSDPConfig, Scenario, WrapSpec
 
 CROSS = [
     pytest.param("fsdp", "model_parallel", id="fsdp_to_model_parallel"),
@@ -153,7 +151,7 @@ def _read_all(model: Any, optimizers: list[Any]) -> dict[str, Any]:
 
 
 def _trainer_save_rank(ctx: Any, scenario: Scenario, path: str) -> dict[str, Any]:
-    from suites.models import make_batch
+    from suites.lib.shared.models import make_batch
 
     strategy, model, optimizers = build_with_two_optimizers(ctx, scenario)
     dp_rank, plan = strategy.distributed_sampler_kwargs["rank"], scenario.plan

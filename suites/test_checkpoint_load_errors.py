@@ -12,11 +12,13 @@ from typing import Any
 import pytest
 import torch
 
-from suites._run import end, run
-from suites.checkpoint_checks import check_refusal, files_digest, tree_diff
-from suites.checkpoint_jobs import ERROR_SPEC, attempt, build, error_scenario, read_state
-from suites.models import build_model
-from suites.scenarios import job_world
+from suites.lib.controller.checkpoint_checks import check_refusal, tree_diff
+from suites.lib.controller.dispatch import run
+from suites.lib.controller.scenarios import job_world
+from suites.lib.ranks.checkpoint_jobs import ERROR_SPEC, attempt, build, error_scenario, read_state
+from suites.lib.ranks.training import end
+from suites.lib.shared.files import files_digest
+from suites.lib.shared.models import build_model
 
 FAMILIES = ["fsdp", "model_parallel"]
 

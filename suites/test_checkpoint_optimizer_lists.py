@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
-from suites._run import end, run
-from suites.checkpoint_checks import (
+from harness import Strategy
+from suites.lib.controller.checkpoint_checks import (
     assert_same_model,
     assert_same_optim,
     check_refusal,
@@ -33,11 +33,15 @@ from suites.checkpoint_checks import (
     standard_form,
     tree_diff,
 )
-from suites.checkpoint_jobs import attempt, build_with_two_optimizers
-from suites.checkpoint_plans import CkptPlan, ckpt_plans, examples
-from suites.models import make_batch
-from suites.oracles import gathered_optim_state, gathered_state
-from suites.specs import FSDPConfig, Scenario, WrapSpec
+from suites.lib.controller.checkpoint_plans import ckpt_plans
+from suites.lib.controller.dispatch import run
+from suites.lib.controller.scenarios import examples
+from suites.lib.ranks.checkpoint_jobs import attempt, build_with_two_optimizers
+from suites.lib.ranks.readers import gathered_optim_state, gathered_state
+from suites.lib.ranks.training import end
+from suites.lib.shared.checkpoint_specs import CkptPlan
+from suites.lib.shared.models import make_batch
+from suites.lib.shared.specs import FSDPConfig, Scenario, WrapSpec
 
 #: the trainer's key for a list of optimizers (CKPT-TRAINER-1)
 LIST_KEY = "optimizer_states"
@@ -65,7 +69,7 @@ def _unit_aligned(plan: CkptPlan) -> CkptPlan:
     return dataclasses.replace(plan, save=align(plan.save), load=align(plan.load))
 
 
-def _train(strategy: Any, model: Any, optimizers: list[Any], scenario: Scenario) -> None:
+def _train(strategy: Strategy, model: Any, optimizers: list[Any], scenario: Scenario) -> None:
     """``scenario.plan.steps`` steps, one micro-batch each, every optimizer stepping."""
     dp_rank, plan = strategy.distributed_sampler_kwargs["rank"], scenario.plan
     device = strategy.root_device

@@ -17,16 +17,18 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from suites._run import run
-from suites.checkpoint_checks import (
+from suites.lib.controller.checkpoint_checks import (
     assert_loaded_equals_saved,
     assert_same_model,
     assert_same_optim,
     convert_offline,
 )
-from suites.checkpoint_jobs import load_rank, path_for, save_rank
-from suites.checkpoint_plans import CkptPlan, ckpt_plans, examples
-from suites.regressions import SHARDED_1X2_TO_2X2
+from suites.lib.controller.checkpoint_plans import ckpt_plans
+from suites.lib.controller.dispatch import run
+from suites.lib.controller.regressions import SHARDED_1X2_TO_2X2
+from suites.lib.controller.scenarios import examples
+from suites.lib.ranks.checkpoint_jobs import load_rank, path_for, save_rank
+from suites.lib.shared.checkpoint_specs import CkptPlan
 
 #: (family, format, save world, load world): both families and formats, shrinking and growing
 RESHARD_CASES = [

@@ -35,14 +35,17 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from suites._run import end, micro_step, run
-from suites.checkpoint_jobs import build, path_for
-from suites.checkpoint_plans import FAMILIES, FORMATS, load_scenarios
-from suites.models import make_batch
-from suites.oracles import assert_close_state, gathered_state, reference_model
-from suites.scenarios import scenarios, world_sizes
-from suites.specs import Scenario, TrainPlan
-from suites.tolerances import tolerance
+from suites.lib.controller.checkpoint_plans import FAMILIES, load_scenarios
+from suites.lib.controller.dispatch import run
+from suites.lib.controller.oracles import assert_close_state, reference_model
+from suites.lib.controller.scenarios import scenarios, world_sizes
+from suites.lib.controller.tolerances import tolerance
+from suites.lib.ranks.checkpoint_jobs import build, path_for
+from suites.lib.ranks.readers import gathered_state
+from suites.lib.ranks.training import end, micro_step
+from suites.lib.shared.checkpoint_specs import FORMATS
+from suites.lib.shared.models import make_batch
+from suites.lib.shared.specs import Scenario, TrainPlan
 
 
 @dataclass(frozen=True)

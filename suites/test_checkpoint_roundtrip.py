@@ -17,9 +17,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from suites._run import end, run
-from suites.checkpoint_checks import assert_same_model, assert_same_optim, tree_diff
-from suites.checkpoint_jobs import (
+from suites.lib.controller.checkpoint_checks import assert_same_model, assert_same_optim, tree_diff
+from suites.lib.controller.checkpoint_plans import ckpt_plans
+from suites.lib.controller.dispatch import run
+from suites.lib.controller.scenarios import examples
+from suites.lib.ranks.checkpoint_jobs import (
     build,
     copy_buffers,
     nonpersistent_buffers,
@@ -27,15 +29,14 @@ from suites.checkpoint_jobs import (
     read_state,
     train_plan,
 )
-from suites.checkpoint_plans import (
+from suites.lib.ranks.training import end
+from suites.lib.shared.checkpoint_specs import (
     CkptPlan,
-    ckpt_plans,
-    examples,
     fresh_metadata,
     make_metadata,
     plain_metadata,
 )
-from suites.models import build_model
+from suites.lib.shared.models import build_model
 
 COMMON = ("CKPT-SAVE-4", "CKPT-LOAD-2", "CKPT-STRICT-3", "CKPT-BUF-1")
 

@@ -18,10 +18,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from suites._run import end, run
-from suites.checkpoint_checks import tree_diff
-from suites.checkpoint_jobs import build, path_for, read_state, train_plan
-from suites.checkpoint_plans import CkptPlan, ckpt_plans, examples, make_metadata, plain_metadata
+from suites.lib.controller.checkpoint_checks import tree_diff
+from suites.lib.controller.checkpoint_plans import ckpt_plans
+from suites.lib.controller.dispatch import run
+from suites.lib.controller.scenarios import examples
+from suites.lib.ranks.checkpoint_jobs import build, path_for, read_state, train_plan
+from suites.lib.ranks.training import end
+from suites.lib.shared.checkpoint_specs import CkptPlan, make_metadata, plain_metadata
 
 CLAUSE = "CKPT-SAVE-7"
 

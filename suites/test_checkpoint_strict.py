@@ -19,11 +19,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from suites._run import end, run
-from suites.checkpoint_checks import check_refusal, tree_diff
-from suites.checkpoint_jobs import attempt, build, read_state, train_plan
-from suites.checkpoint_plans import CkptPlan, ckpt_plans, examples
-from suites.specs import Scenario
+from suites.lib.controller.checkpoint_checks import check_refusal, tree_diff
+from suites.lib.controller.checkpoint_plans import ckpt_plans
+from suites.lib.controller.dispatch import run
+from suites.lib.controller.scenarios import examples
+from suites.lib.ranks.checkpoint_jobs import attempt, build, read_state, train_plan
+from suites.lib.ranks.training import end
+from suites.lib.shared.checkpoint_specs import CkptPlan
+from suites.lib.shared.specs import Scenario
 
 CASES = [(f, m) for f in ("fsdp", "model_parallel") for m in ("full", "sharded")]
 OTHER_GROUPS = {"one": "by_depth", "by_depth": "by_kind", "by_kind": "one"}

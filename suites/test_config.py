@@ -20,24 +20,25 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from harness import Unsupported, run_on_ranks
-from suites._contract import (
+from suites.lib.controller.cuda_env import has_accelerator
+from suites.lib.controller.oracles import assert_parity
+from suites.lib.controller.scenarios import SHARDING_STRATEGIES, job_world, world_sizes
+from suites.lib.ranks.construction import (
     SPEC,
     all_of,
     build,
     expect_error,
     fsdp_units,
-    has_accelerator,
     named,
     number,
     outcome,
     supported_families,
     unit_groups,
 )
-from suites._run import RankResult, Trained, train
-from suites.models import Block, build_model
-from suites.oracles import assert_parity, gathered_state
-from suites.scenarios import SHARDING_STRATEGIES, job_world, world_sizes
-from suites.specs import ACSpec, FSDPConfig, OptimSpec, Scenario, TrainPlan, WrapSpec
+from suites.lib.ranks.readers import gathered_state
+from suites.lib.ranks.training import RankResult, Trained, train
+from suites.lib.shared.models import Block, build_model
+from suites.lib.shared.specs import ACSpec, FSDPConfig, OptimSpec, Scenario, TrainPlan, WrapSpec
 
 PUBLIC_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
 NEAR_MISS_SHARDING = ("FULL-SHARD", "FULLSHARD", " FULL_SHARD", "HYBRID_SHARD_ZERO2", "SHARD", "")
@@ -209,7 +210,7 @@ def _policies() -> dict[str, Any]:
     """Every accepted form of a policy that selects the zoo's Blocks, by name."""
     from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy
 
-    from suites.specs import select_by_class
+    from suites.lib.shared.specs import select_by_class
 
     return {
         "set": {Block},
@@ -222,7 +223,7 @@ def _policies() -> dict[str, Any]:
 
 
 def _policy_rank(ctx: Any) -> dict[str, Any]:
-    from suites._inspect import checkpoint_wrapped, fsdp1_units
+    from suites.lib.ranks.structure import checkpoint_wrapped, fsdp1_units
 
     out: dict[str, Any] = {}
     for form, policy in _policies().items():

@@ -17,7 +17,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from harness import Unsupported, run_on_ranks
-from suites._contract import (
+from suites.lib.controller.scenarios import job_world, world_sizes
+from suites.lib.ranks.construction import (
     SPEC,
     all_of,
     build,
@@ -27,8 +28,7 @@ from suites._contract import (
     outcome,
     supported_families,
 )
-from suites.models import Block, build_model
-from suites.scenarios import job_world, world_sizes
+from suites.lib.shared.models import Block, build_model
 
 PRECISIONS = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")
 NEAR_MISS_PRECISION = ("32", "16", "bf16", "fp16-mixed", "64-true", "16-mixed ", "mixed", "")
@@ -94,7 +94,7 @@ def _mp_sizes_rank(ctx: Any, sizes: list[tuple[int, int]]) -> list[Any]:
         options = {"data_parallel_size": dp, "tensor_parallel_size": tp}
         if dp == "auto" or dp * tp == world:
             mesh = build(ctx, "model_parallel", **options).device_mesh
-            out.append((tuple(mesh.shape), tuple(mesh.mesh_dim_names), mesh.device_type))
+            out.append((tuple(mesh.shape), tuple(mesh.mesh_dim_names or ()), mesh.device_type))
             continue
         expect_error(
             RuntimeError,

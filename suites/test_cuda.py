@@ -1,10 +1,10 @@
 """CUDA-only checks: CPU offload of parameters, CUDA mixed precision, the rank's CUDA device.
 
 They need one GPU per rank and the NCCL backend. The module-scoped ``cuda_world`` fixture
-decides that in the controller (:mod:`suites.cuda_env`) and skips with an ``environment:``
-reason before any job starts; on a machine that has them, scenarios draw world sizes up to
-the largest one with a GPU per rank. (``16-mixed`` with the sharded grad scaler on CPU ranks
-is checked in ``test_precision.py``.)
+decides that in the controller (:mod:`suites.lib.controller.cuda_env`) and skips with an
+``environment:`` reason before any job starts; on a machine that has them, scenarios draw
+world sizes up to the largest one with a GPU per rank. (``16-mixed`` with the sharded grad
+scaler on CPU ranks is checked in ``test_precision.py``.)
 
 Clauses: CFG-6 and TRAIN-1 (parameter offload trains like the plain model, parameters and
 optimizer state stay on the CPU between steps, compute runs on the GPU), PREC-2 and TRAIN-1
@@ -29,13 +29,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness import run_on_ranks
-from suites._run import RankResult, run
-from suites.cuda_env import MIN_WORLD, cuda_world_max, session_cuda_skip_reason
-from suites.cuda_jobs import device_rank, observed_train_rank, skip_rank
-from suites.oracles import assert_close_state, assert_parity, assert_same_on_ranks
-from suites.scenarios import scenarios, train_plans
-from suites.specs import MPConfig, Scenario
-from suites.tolerances import EXACT
+from suites.lib.controller.cuda_env import MIN_WORLD, cuda_world_max, session_cuda_skip_reason
+from suites.lib.controller.dispatch import run
+from suites.lib.controller.oracles import assert_close_state, assert_parity, assert_same_on_ranks
+from suites.lib.controller.scenarios import scenarios, train_plans
+from suites.lib.controller.tolerances import EXACT
+from suites.lib.ranks.cuda_jobs import device_rank, observed_train_rank, skip_rank
+from suites.lib.ranks.training import RankResult
+from suites.lib.shared.specs import MPConfig, Scenario
 
 SHARDINGS = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")
 LOW = {"bf16-mixed": "torch.bfloat16", "16-mixed": "torch.float16"}
@@ -86,7 +87,7 @@ def _drawn(
     family: str, precisions: tuple[str, ...], plan: Any, **restrict: Any
 ) -> st.SearchStrategy[Scenario]:
     """Scenarios of ``family`` at a CUDA world size under one of ``precisions``
-    (``restrict``: more keyword arguments of :func:`~suites.scenarios.scenarios`)."""
+    (``restrict``: more keyword arguments of :func:`~suites.lib.controller.scenarios.scenarios`)."""
     worlds = cuda_worlds()
     if family == "fsdp":
         return worlds.flatmap(

@@ -10,18 +10,20 @@ from typing import Any
 import pytest
 from hypothesis import given
 
-from suites._inspect import fsdp2_units, sync_flags
-from suites._run import end, run, setup, train_rank
-from suites.models import BlockSpec, ModelSpec, build_model, clean_name
-from suites.oracles import assert_parity
-from suites.parallelize import expected_tp_placements, parallelize_zoo
-from suites.scenarios import meshes, scenarios, train_plans, world_sizes
-from suites.specs import MPConfig, Scenario
+from harness import RankContext
+from suites.lib.controller.dispatch import run
+from suites.lib.controller.oracles import assert_parity
+from suites.lib.controller.scenarios import meshes, scenarios, train_plans, world_sizes
+from suites.lib.ranks.structure import fsdp2_units, sync_flags
+from suites.lib.ranks.training import end, setup, train_rank
+from suites.lib.shared.models import BlockSpec, ModelSpec, build_model, clean_name
+from suites.lib.shared.parallelize import expected_tp_placements, parallelize_zoo
+from suites.lib.shared.specs import MPConfig, Scenario
 
 SPEC = ModelSpec(hidden=4, blocks=(BlockSpec(ffn=4), BlockSpec("NestedBlock", ffn=2, inner=1)))
 
 
-def _mesh_rank(ctx: Any, dp: int, tp: int) -> dict[str, Any]:
+def _mesh_rank(ctx: RankContext, dp: int, tp: int) -> dict[str, Any]:
     seen: dict[str, Any] = {}
 
     def parallelize(module: Any, mesh: Any) -> Any:
@@ -39,7 +41,9 @@ def _mesh_rank(ctx: Any, dp: int, tp: int) -> dict[str, Any]:
         out["early"] = "RuntimeError"
     strategy.setup_environment()
     mesh = strategy.device_mesh
-    out.update(type=mesh.device_type, names=tuple(mesh.mesh_dim_names), shape=tuple(mesh.shape))
+    out.update(
+        type=mesh.device_type, names=tuple(mesh.mesh_dim_names or ()), shape=tuple(mesh.shape)
+    )
     strategy.setup_module(build_model(SPEC))
     given_mesh = seen.get("mesh")
     out["handed"] = given_mesh is not None and (

@@ -11,27 +11,27 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from suites._run import (
-    compute_dtypes,
-    end,
-    micro_step,
-    optimizer_state_dtypes,
-    run,
-    setup,
-    train_rank,
-)
-from suites.models import Scale, clean_name
-from suites.oracles import (
+from suites.lib.controller.dispatch import run
+from suites.lib.controller.oracles import (
     assert_close,
     assert_close_state,
     assert_parity,
     assert_same_on_ranks,
-    gathered_state,
     reference_run,
 )
-from suites.scenarios import scenarios, train_plans
-from suites.specs import Scenario
-from suites.tolerances import EXACT
+from suites.lib.controller.scenarios import scenarios, train_plans
+from suites.lib.controller.tolerances import EXACT
+from suites.lib.ranks.readers import gathered_state
+from suites.lib.ranks.training import (
+    compute_dtypes,
+    end,
+    micro_step,
+    optimizer_state_dtypes,
+    setup,
+    train_rank,
+)
+from suites.lib.shared.models import Scale, clean_name
+from suites.lib.shared.specs import Scenario
 
 FAMILIES = st.sampled_from(["fsdp", "model_parallel"])
 LOW = {"bf16": torch.bfloat16, "16": torch.float16}
@@ -137,7 +137,7 @@ def test_true_low_precision_creates_low_parameters_and_state(scenario: Scenario)
             "fsdp",
             sharding=SHARDINGS,
             precisions=(precision,),
-            # fp16 Adam's second moment underflows: see suites/tolerances.py
+            # fp16 Adam's second moment underflows: see suites/lib/controller/tolerances.py
             optimizers=("sgd",) if precision == "16-true" else ("sgd", "adam", "adamw"),
             plan=train_plans(),
         )

@@ -19,19 +19,26 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from suites._run import Trained, compute_dtypes, end, optimizer_state_dtypes, run, train_rank
-from suites.checkpoint_plans import examples
-from suites.models import build_model
-from suites.oracles import assert_parity
-from suites.scenarios import scenarios, train_plans
-from suites.specs import Scenario
+from harness import RankContext
+from suites.lib.controller.dispatch import run
+from suites.lib.controller.oracles import assert_parity
+from suites.lib.controller.scenarios import examples, scenarios, train_plans
+from suites.lib.ranks.training import (
+    Trained,
+    compute_dtypes,
+    end,
+    optimizer_state_dtypes,
+    train_rank,
+)
+from suites.lib.shared.models import build_model
+from suites.lib.shared.specs import Scenario
 
 LOW = {"bf16-true": torch.bfloat16, "16-true": torch.float16}
 
 
 def _with_precision(scenario: Scenario, precision: str) -> Scenario:
     """``scenario`` under ``precision`` (the zoo's model_parallel draws only fp32 masters);
-    fp16 Adam gets ``eps=1e-4`` as :func:`suites.scenarios.optim_specs` gives it."""
+    fp16 Adam gets ``eps=1e-4`` as :func:`suites.lib.controller.scenarios.optim_specs` gives it."""
     strategy = dataclasses.replace(scenario.strategy, precision=precision)
     optim = scenario.optim
     if precision.startswith("16"):
@@ -55,13 +62,13 @@ def true_scenarios(
     )
 
 
-def _dtype_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
+def _dtype_rank(ctx: RankContext, scenario: Scenario) -> dict[str, Any]:
     """One step; the dtypes of parameters at creation, after set-up, in compute, of the
     gradients and of the optimizer state."""
     strategy = ctx.make_strategy(scenario.family, **scenario.options())
     strategy.setup_environment()
     with strategy.module_init_context(empty_init=scenario.empty_init):
-        model = build_model(scenario.model)
+        model: torch.nn.Module = build_model(scenario.model)
     out: dict[str, Any] = {"created": sorted({str(p.dtype) for p in model.parameters()})}
     model = strategy.setup_module(model)
     optimizer = strategy.setup_optimizer(scenario.optim.build(model.named_parameters()))

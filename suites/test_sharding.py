@@ -1,7 +1,8 @@
 """SPEC.md section 3: sharding layout, consistency, wrap policies, activation checkpointing.
 
 Every test drives the strategy only through ``ctx.make_strategy`` (``--strategy``) and
-reads the result with torch's own APIs (``suites/oracles.py``, ``suites/_inspect.py``).
+reads the result with torch's own APIs (``suites/lib/ranks/readers.py``,
+``suites/lib/ranks/structure.py``).
 """
 
 from __future__ import annotations
@@ -14,20 +15,22 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from suites._inspect import checkpoint_wrapped, fsdp1_units, nested_checkpoint_wrappers
-from suites._run import end, run, setup, train_rank
-from suites.models import BlockSpec, ModelSpec, build_model
-from suites.oracles import (
+from harness import RankContext
+from suites.lib.controller.dispatch import run
+from suites.lib.controller.oracles import (
     assert_close_state,
     assert_parity,
     assert_same_on_ranks,
-    gathered_state,
     reference_run,
 )
-from suites.regressions import AC_BLOCKS
-from suites.scenarios import job_world, scenarios, train_plans
-from suites.specs import ACSpec, FSDPConfig, Scenario, WrapSpec
-from suites.tolerances import EXACT
+from suites.lib.controller.regressions import AC_BLOCKS
+from suites.lib.controller.scenarios import job_world, scenarios, train_plans
+from suites.lib.controller.tolerances import EXACT
+from suites.lib.ranks.readers import gathered_state
+from suites.lib.ranks.structure import checkpoint_wrapped, fsdp1_units, nested_checkpoint_wrappers
+from suites.lib.ranks.training import end, setup, train_rank
+from suites.lib.shared.models import BlockSpec, ModelSpec, build_model
+from suites.lib.shared.specs import ACSpec, FSDPConfig, Scenario, WrapSpec
 
 #: FSDP1 aligns every original parameter inside a flat parameter (16 bytes on CPU); this
 #: bounds the padding it may add per parameter, in elements.
@@ -122,16 +125,16 @@ def _small_scenario(world: int, **config: Any) -> Scenario:
     return Scenario(world, spec, FSDPConfig(**config))
 
 
-def _prewrapped_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
+def _prewrapped_rank(ctx: RankContext, scenario: Scenario) -> dict[str, Any]:
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     strategy = ctx.make_strategy("fsdp", **scenario.options())
     strategy.setup_environment()
-    model = build_model(scenario.model, ctx.device)
-    model.blocks[0] = FSDP(model.blocks[0], device_id=ctx.device)  # the user's own unit
+    zoo = build_model(scenario.model, ctx.device)
+    zoo.blocks[0] = FSDP(zoo.blocks[0], device_id=ctx.device)  # the user's own unit
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model = strategy.setup_module(model)
+        model = strategy.setup_module(zoo)
     out = {"units": sorted(fsdp1_units(model)), "warnings": [str(w.message) for w in caught]}
     end(strategy)
     return out
@@ -172,16 +175,16 @@ def test_checkpointing_wraps_exactly_the_selected_modules(scenario: Scenario) ->
         )
 
 
-def _prechecked_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
+def _prechecked_rank(ctx: RankContext, scenario: Scenario) -> dict[str, Any]:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     strategy = ctx.make_strategy("fsdp", **scenario.options())
     strategy.setup_environment()
-    model = build_model(scenario.model, ctx.device)
-    model.blocks[0] = checkpoint_wrapper(model.blocks[0])  # the user's own checkpointing
+    zoo = build_model(scenario.model, ctx.device)
+    zoo.blocks[0] = checkpoint_wrapper(zoo.blocks[0])  # the user's own checkpointing
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model = strategy.setup_module(model)
+        model = strategy.setup_module(zoo)
     out = {
         "wrapped": checkpoint_wrapped(model),
         "nested": nested_checkpoint_wrappers(model),

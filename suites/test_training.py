@@ -1,8 +1,9 @@
 """SPEC.md section 4 (training semantics): parity, frozen/tied, uneven sizes, accumulation
 with ``no_backward_sync``, gradient clipping, meta-device init.
 
-The reference is the plain model trained in the controller (``suites/oracles.py``); the
-strategy is reached only through ``ctx.make_strategy`` (``--strategy``).
+The reference is the plain model trained in the controller
+(``suites/lib/controller/oracles.py``); the strategy is reached only through
+``ctx.make_strategy`` (``--strategy``).
 """
 
 from __future__ import annotations
@@ -17,19 +18,16 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from torch import nn
 
-from suites._inspect import sync_flags
-from suites._run import RankResult, end, micro_step, run, setup, train_rank
-from suites.models import Scale, build_model, clean_name, make_batch
-from suites.oracles import (
+from harness import RankContext
+from suites.lib.controller.dispatch import run
+from suites.lib.controller.oracles import (
     assert_close,
     assert_close_state,
     assert_parity,
-    gathered_state,
     reference_model,
     reference_run,
 )
-from suites.parallelize import parallelize_zoo
-from suites.regressions import (
+from suites.lib.controller.regressions import (
     CLIP_FSDP2,
     CLIP_NO_SHARD,
     INIT_FSDP2,
@@ -37,9 +35,14 @@ from suites.regressions import (
     SYNC_NESTED,
     SYNC_TIED_MIXED,
 )
-from suites.scenarios import SHARDING_STRATEGIES, job_world, scenarios, train_plans
-from suites.specs import FSDPConfig, Scenario, TrainPlan
-from suites.tolerances import EXACT, tolerance
+from suites.lib.controller.scenarios import SHARDING_STRATEGIES, job_world, scenarios, train_plans
+from suites.lib.controller.tolerances import EXACT, tolerance
+from suites.lib.ranks.readers import gathered_state
+from suites.lib.ranks.structure import sync_flags
+from suites.lib.ranks.training import RankResult, end, micro_step, setup, train_rank
+from suites.lib.shared.models import Scale, build_model, clean_name, make_batch
+from suites.lib.shared.parallelize import parallelize_zoo
+from suites.lib.shared.specs import FSDPConfig, Scenario, TrainPlan
 
 FAMILIES = st.sampled_from(["fsdp", "model_parallel"])
 SHARDED = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
@@ -198,7 +201,7 @@ def test_accumulating_micro_batches_equals_one_big_batch(scenario: Scenario) -> 
     assert_parity(results, scenario)
 
 
-def _type_error_rank(ctx: Any, family: str, which: str) -> str:
+def _type_error_rank(ctx: RankContext, family: str, which: str) -> str:
     options: dict[str, Any] = {}
     if family == "model_parallel":
         options["parallelize_fn"] = parallelize_zoo

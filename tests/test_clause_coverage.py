@@ -1,10 +1,10 @@
 """Every clause of the contract (sections 1-6) is named by some suite test, and no suite test
 names a clause the contract does not have.
 
-The clause ids come from ``suites/clauses.py`` (the suites' view of :mod:`harness.clauses`); the
-declarations are the ``@pytest.mark.clause(...)`` marks of the test functions in
-``suites/test_*.py`` and of their ``pytest.param`` parameter sets, read by importing those
-modules (no collection, no ranks).
+The clause ids come from ``suites/lib/controller/clauses.py`` (the suites' view of
+:mod:`harness.clauses`); the declarations are the ``@pytest.mark.clause(...)`` marks of the
+test functions in ``suites/test_*.py`` and of their ``pytest.param`` parameter sets, read by
+importing those modules (no collection, no ranks).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from suites.clauses import ALL_CLAUSES, SECTIONS
+from suites.lib.controller.clauses import ALL_CLAUSES, SECTIONS
 
 SUITES = Path(__file__).resolve().parents[1] / "suites"
 

@@ -25,7 +25,7 @@ from harness.conformance.summary import write_summary
 from harness.conformance.triage import LATE_PREFIX, Triage, shrink_budget
 from harness.conformance.unsupported import rejecting, running, skip_exception
 from harness.contract import Unsupported
-from harness.report import CONFORMING, NOT_RUN, CheckResult, Report
+from harness.report import CONFORMING, NOT_RUN, CheckResult, Report, write_report
 from harness.shrinking import quiet_budget_stops
 
 _FAMILY_WORDS = {"fsdp": "fsdp", "model_parallel": "model_parallel"}
@@ -250,7 +250,7 @@ class ConformancePlugin:
         self.report = self.build_report()
         directory = self.config.getoption("conformance_report")
         if directory:
-            self.report.write(directory)
+            write_report(self.report, directory)
         bad = [c.id for c in self.report.checks if c.outcome not in CONFORMING]
         late = [f for f in self.triage.findings if f.seen_late]
         unexpected = [f for f in late if not set(f.clauses) <= set(self.expected_late)]

@@ -30,6 +30,7 @@ from harness.report.model import (
     load_report,
     worst_outcome,
 )
+from harness.report.write import write_report
 
 __all__ = [
     "BLOCKED",
@@ -53,4 +54,5 @@ __all__ = [
     "main",
     "render_markdown",
     "worst_outcome",
+    "write_report",
 ]

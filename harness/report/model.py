@@ -242,17 +242,6 @@ class Report:
             findings=findings,
         )
 
-    def write(self, directory: str | Path) -> tuple[Path, Path]:
-        """Write ``report.json`` and ``report.md`` into ``directory`` (created if missing)."""
-        out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
-        json_path, md_path = out / "report.json", out / "report.md"
-        json_path.write_text(json.dumps(self.to_dict(), indent=2, default=str) + "\n")
-        from harness.report.markdown import render_markdown
-
-        md_path.write_text(render_markdown(self))
-        return json_path, md_path
-
 
 def worst_outcome(outcomes: Iterable[str]) -> str:
     """The worst of ``outcomes`` in the order of :data:`SEVERITY` (``passed`` if empty)."""

@@ -18,6 +18,7 @@ from harness.report import (
     load_report,
     main,
     worst_outcome,
+    write_report,
 )
 
 
@@ -51,8 +52,8 @@ NEW = {
 @pytest.fixture
 def two_reports(tmp_path: Path) -> tuple[Path, Path]:
     old_dir, new_dir = tmp_path / "old", tmp_path / "new"
-    make_report("2.12.0", OLD).write(old_dir)
-    make_report("2.13.0", NEW).write(new_dir)
+    write_report(make_report("2.12.0", OLD), old_dir)
+    write_report(make_report("2.13.0", NEW), new_dir)
     return old_dir / "report.json", new_dir / "report.json"
 
 

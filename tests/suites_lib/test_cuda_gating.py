@@ -1,11 +1,12 @@
-"""The CUDA-only checks' gate (``suites/cuda_env.py``): the ``environment:`` reason, or None."""
+"""The CUDA-only checks' gate (``suites/lib/controller/cuda_env.py``): the ``environment:``
+reason, or None."""
 
 from __future__ import annotations
 
 import pytest
 
-from suites import cuda_env
-from suites.cuda_env import cuda_skip_reason
+from suites.lib.controller import cuda_env
+from suites.lib.controller.cuda_env import cuda_skip_reason
 
 
 @pytest.mark.parametrize(

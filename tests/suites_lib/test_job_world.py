@@ -8,8 +8,8 @@ import pytest
 
 import harness.api
 from harness.attach.session import AttachInfo
-from suites import scenarios
-from suites.scenarios import available_world_sizes, job_world
+from suites.lib.controller import scenarios
+from suites.lib.controller.scenarios import available_world_sizes, job_world
 
 
 def _session(monkeypatch: pytest.MonkeyPatch, nproc: int, attach_world: int | None) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from suites.models import (
+from suites.lib.shared.models import (
     BlockSpec,
     ModelSpec,
     build_model,

@@ -6,8 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from suites.models import BlockSpec, ModelSpec, build_model, make_batch
-from suites.oracles import (
+from suites.lib.controller.oracles import (
     assert_close,
     assert_close_state,
     assert_same_on_ranks,
@@ -15,8 +14,9 @@ from suites.oracles import (
     reference_run,
     scenario_tolerance,
 )
-from suites.specs import FSDPConfig, OptimSpec, Scenario, TrainPlan
-from suites.tolerances import EXACT, Tolerance
+from suites.lib.controller.tolerances import EXACT, Tolerance
+from suites.lib.shared.models import BlockSpec, ModelSpec, build_model, make_batch
+from suites.lib.shared.specs import FSDPConfig, OptimSpec, Scenario, TrainPlan
 
 SPEC = ModelSpec(hidden=4, blocks=(BlockSpec(ffn=3),), in_features=3, out=2, seed=5)
 

@@ -7,9 +7,9 @@ import pickle
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from suites.models import build_model
-from suites.scenarios import max_world_size, scenarios
-from suites.specs import FSDPConfig, MPConfig, Scenario
+from suites.lib.controller.scenarios import max_world_size, scenarios
+from suites.lib.shared.models import build_model
+from suites.lib.shared.specs import FSDPConfig, MPConfig, Scenario
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 FAMILIES = st.sampled_from(["fsdp", "model_parallel"])

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy, _recursive_wrap
 
-from suites.models import Block, BlockSpec, ModelSpec, NestedBlock, build_model
-from suites.specs import ACSpec, FSDPConfig, MPConfig, OptimSpec, Scenario, WrapSpec
+from suites.lib.shared.models import Block, BlockSpec, ModelSpec, NestedBlock, build_model
+from suites.lib.shared.specs import ACSpec, FSDPConfig, MPConfig, OptimSpec, Scenario, WrapSpec
 
 SPEC = ModelSpec(
     hidden=4,

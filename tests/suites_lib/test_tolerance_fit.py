@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 
-from suites.models import build_model, make_batch
-from suites.oracles import reference_run, scenario_tolerance
-from suites.scenarios import scenarios, train_plans
-from suites.specs import Scenario
+from suites.lib.controller.oracles import reference_run, scenario_tolerance
+from suites.lib.controller.scenarios import scenarios, train_plans
+from suites.lib.shared.models import build_model, make_batch
+from suites.lib.shared.specs import Scenario
 
 LOW = {"bf16": torch.bfloat16, "16": torch.float16}
 MARGIN = 0.5

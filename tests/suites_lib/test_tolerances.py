@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from suites.tolerances import TABLE, tolerance
+from suites.lib.controller.tolerances import TABLE, tolerance
 
 PRECISIONS = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")
 

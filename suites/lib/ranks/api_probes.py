@@ -3,7 +3,8 @@
 :func:`surface_rank` runs every probe of one family in ONE job. Each probe builds its own
 strategy through ``ctx.make_strategy`` (the plug-in contract), drives one part of the
 surface and records what it saw; an error or an ``Unsupported`` is recorded too, so that a
-broken method fails only the test of its clause (``suites/test_api.py``).
+broken method fails only the test of its clause (``suites/test_api.py``, which also picks the
+world size of each family's job).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import gc
 import traceback
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -20,13 +21,18 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness import Unsupported, max_world_size
+from harness import MeshStrategy, RankContext, Strategy, Unsupported
 from harness.attribution import clause_of
-from suites._run import RankResult, Trained, setup, train
-from suites.models import BlockSpec, ModelSpec, build_model, iter_param_owners, make_batch
-from suites.oracles import gathered_grads, gathered_state
-from suites.scenarios import job_world
-from suites.specs import FSDPConfig, MPConfig, OptimSpec, Scenario, TrainPlan, WrapSpec
+from suites.lib.ranks.readers import gathered_grads, gathered_state
+from suites.lib.ranks.training import RankResult, Trained, setup, train
+from suites.lib.shared.models import (
+    BlockSpec,
+    ModelSpec,
+    build_model,
+    iter_param_owners,
+    make_batch,
+)
+from suites.lib.shared.specs import FSDPConfig, MPConfig, OptimSpec, Scenario, TrainPlan, WrapSpec
 
 __all__ = [
     "FAMILIES",
@@ -36,7 +42,6 @@ __all__ = [
     "SPEC",
     "scenario_of",
     "surface_rank",
-    "world_of",
 ]
 
 #: a trunk with a nested wrap unit, a Scale (buffers, a one-element parameter) and a head
@@ -54,17 +59,15 @@ LOSS_DOWN = 2.0**-8
 LR = 0.1
 
 
-def world_of(family: str) -> int:
-    """The world size of ``family``'s job: fsdp 2 (in attach mode torchrun's, if larger);
-    model_parallel dp=2 x tp=2 when the session allows 4 ranks, else dp=2 x tp=1."""
-    return job_world(2) if family == "fsdp" else min(4, max_world_size())
+def scenario_of(family: str, world: int, precision: str = "32-true", lr: float = LR) -> Scenario:
+    """fsdp: FULL_SHARD with Block/NestedBlock units; model_parallel: dp=2 x tp (mlp plan).
 
-
-def scenario_of(
-    family: str, precision: str = "32-true", lr: float = LR, world: int | None = None
-) -> Scenario:
-    """fsdp: FULL_SHARD with Block/NestedBlock units; model_parallel: dp=2 x tp (mlp plan)."""
-    world = world_of(family) if world is None else world  # ranks pass theirs: no --nproc there
+    Args:
+        family: ``fsdp`` or ``model_parallel``.
+        world: the job's world size (the controller's choice; a rank passes its own).
+        precision: the precision string.
+        lr: the learning rate.
+    """
     config: FSDPConfig | MPConfig
     if family == "fsdp":
         config = FSDPConfig(wrap=WrapSpec("classes", UNITS), precision=precision)
@@ -76,7 +79,7 @@ def scenario_of(
     return Scenario(world, SPEC, config, optim, TrainPlan(steps=1, batch_size=2, data_seed=1))
 
 
-def _ready(ctx: Any, scenario: Scenario) -> Any:
+def _ready(ctx: RankContext, scenario: Scenario) -> Strategy:
     strategy = ctx.make_strategy(scenario.family, **scenario.options())
     strategy.setup_environment()
     return strategy
@@ -181,7 +184,7 @@ def _api3(ctx: Any, scenario: Scenario) -> dict[str, Any]:
     context = strategy.module_init_context(empty_init=True)
     out["is_context_manager"] = hasattr(context, "__enter__") and hasattr(context, "__exit__")
     with context:
-        model = build_model(SPEC)
+        model: nn.Module = build_model(SPEC)
     out["real_under_empty_init"] = [n for n, t in _tensors(model) if not t.is_meta]
     calls = _count_resets(model)
     model = strategy.setup_module(model)
@@ -228,7 +231,7 @@ def _api5(ctx: Any, scenario: Scenario) -> dict[str, Any]:
 def _api6(ctx: Any, scenario: Scenario) -> dict[str, Any]:
     strategy = _ready(ctx, scenario)
     if scenario.family == "model_parallel":
-        dp_mesh = strategy.device_mesh["data_parallel"]
+        dp_mesh = cast(MeshStrategy, strategy).device_mesh["data_parallel"]
         expected = {"num_replicas": dp_mesh.size(), "rank": dp_mesh.get_local_rank()}
     else:
         expected = {"num_replicas": ctx.world_size, "rank": ctx.rank}
@@ -293,7 +296,7 @@ def surface_rank(ctx: Any, family: str) -> dict[str, Any]:
         ctx: the harness ``RankContext``.
         family: ``fsdp`` or ``model_parallel``.
     """
-    scenario = scenario_of(family, world=ctx.world_size)
+    scenario = scenario_of(family, ctx.world_size)
     out: dict[str, Any] = {}
     for name, fn in (
         ("api1", _api1),
@@ -312,7 +315,7 @@ def surface_rank(ctx: Any, family: str) -> dict[str, Any]:
             f"api4[{precision}]",
             _api4,
             ctx,
-            scenario_of(family, precision, LR / LOSS_DOWN, ctx.world_size),
+            scenario_of(family, ctx.world_size, precision, LR / LOSS_DOWN),
         )
     _probe(out, "api8", _api8, ctx, scenario)
     return out

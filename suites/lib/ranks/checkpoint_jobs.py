@@ -1,12 +1,12 @@
 """Rank-side jobs and helpers of the checkpoint suites (run inside ``run_on_ranks``).
 
 Everything goes through the plug-in contract: :func:`build` sets up with
-``ctx.make_strategy`` (the format is the strategy option ``state_dict_type`` /
-``save_distributed_checkpoint``), and :func:`read_state` reads the gathered model and
-optimizer state with torch's own APIs (``suites.oracles``), never with the strategy's
-save/load. :func:`save_rank`/:func:`load_rank` are the two halves of a round trip that may
-run at two world sizes; :func:`attempt` records what an error case raised and whether the
-files on disk changed.
+``ctx.make_strategy`` (the format is the strategy option :func:`format_options` gives:
+``state_dict_type`` / ``save_distributed_checkpoint``), and :func:`read_state` reads the
+gathered model and optimizer state with torch's own APIs (:mod:`suites.lib.ranks.readers`),
+never with the strategy's save/load. :func:`save_rank`/:func:`load_rank` are the two halves
+of a round trip that may run at two world sizes; :func:`attempt` records what an error case
+raised and whether the files on disk changed.
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from suites._run import RankResult, Trained, end, setup, train
-from suites.checkpoint_checks import files_digest
-from suites.checkpoint_plans import CkptPlan, format_options, make_metadata, plain_metadata
-from suites.models import BlockSpec, ModelSpec, build_model, clean_name
-from suites.oracles import gathered_optim_state, gathered_state
-from suites.specs import FSDPConfig, MPConfig, OptimSpec, Scenario, TrainPlan
+from harness import RankContext, Strategy
+from suites.lib.ranks.readers import gathered_optim_state, gathered_state
+from suites.lib.ranks.training import RankResult, Trained, end, setup, train
+from suites.lib.shared.checkpoint_specs import FORMATS, CkptPlan, make_metadata, plain_metadata
+from suites.lib.shared.files import files_digest
+from suites.lib.shared.models import BlockSpec, ModelSpec, build_model, clean_name
+from suites.lib.shared.specs import FSDPConfig, MPConfig, OptimSpec, Scenario, TrainPlan
 
 __all__ = [
     "ERROR_SPEC",
@@ -32,6 +33,7 @@ __all__ = [
     "build_with_two_optimizers",
     "copy_buffers",
     "error_scenario",
+    "format_options",
     "load_rank",
     "nonpersistent_buffers",
     "path_for",
@@ -41,7 +43,16 @@ __all__ = [
 ]
 
 
-def build(ctx: Any, scenario: Scenario, fmt: str) -> Trained:
+def format_options(family: str, fmt: str) -> dict[str, Any]:
+    """The strategy option that selects checkpoint format ``fmt`` for ``family``."""
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt={fmt!r} is not a checkpoint format; use one of {FORMATS}.")
+    if family == "fsdp":
+        return {"state_dict_type": fmt}
+    return {"save_distributed_checkpoint": fmt == "sharded"}
+
+
+def build(ctx: RankContext, scenario: Scenario, fmt: str) -> Trained:
     """Strategy (with the format option), model and optimizer of ``scenario`` on this rank."""
     return setup(ctx, scenario, **format_options(scenario.family, fmt))
 
@@ -150,8 +161,8 @@ def attempt(fn: Any, watch: str) -> dict[str, Any]:
 
 
 def build_with_two_optimizers(
-    ctx: Any, scenario: Scenario, fmt: str = "full", empty_init: bool = False
-) -> tuple[Any, Any, list[Any]]:
+    ctx: RankContext, scenario: Scenario, fmt: str = "full", empty_init: bool = False
+) -> tuple[Strategy, Any, list[Any]]:
     """Strategy (checkpoint format ``fmt``), set-up model and two optimizers: the blocks with
     the scenario's optimizer, the rest at half its learning rate (a trainer's layout).
 
@@ -165,7 +176,7 @@ def build_with_two_optimizers(
     strategy = ctx.make_strategy(scenario.family, **options)
     strategy.setup_environment()
     with strategy.module_init_context(empty_init=empty_init):
-        model = build_model(scenario.model)
+        model: torch.nn.Module = build_model(scenario.model)
     model = strategy.setup_module(model)
     named = list(model.named_parameters())
     trunk = [(n, p) for n, p in named if clean_name(n).startswith("blocks.")]

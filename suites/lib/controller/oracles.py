@@ -1,28 +1,29 @@
-"""Oracles: the single-process reference, gathered-state readers, and comparisons.
+"""Oracles: the single-process reference and the comparisons with it (controller side).
 
 The oracle never trusts the strategy under test:
 - the expected values come from the plain, unsharded zoo model trained in ONE process on the
   concatenated batch of the data-parallel ranks, with the loss averaged over ranks
   (TRAIN-1), computed in the controller by :func:`reference_run`;
-- gathered state is read on the ranks with torch's own APIs (:func:`gathered_state`,
-  :func:`gathered_grads`, :func:`gathered_optim_state`), never with the strategy's
-  save/load;
+- what it is compared with was read on the ranks with torch's own APIs
+  (:mod:`suites.lib.ranks.readers`), never with the strategy's save/load;
 - :func:`assert_close` and friends fail with the parameter's name, the worst element's index
   and both values.
+
+:func:`plain_train` and :func:`named_optim_state` are the plain torch side of the checkpoint
+interop tests: a user's single-process run, and its optimizer state keyed like the gathered one.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from suites.models import build_model, clean_name, make_batch
-from suites.specs import Scenario
-from suites.tolerances import EXACT, Tolerance, tolerance
+from suites.lib.controller.tolerances import EXACT, Tolerance, tolerance
+from suites.lib.shared.models import build_model, clean_name, make_batch
+from suites.lib.shared.specs import Scenario
 
 __all__ = [
     "Reference",
@@ -30,11 +31,10 @@ __all__ = [
     "assert_close_state",
     "assert_parity",
     "assert_same_on_ranks",
-    "gathered_grads",
-    "gathered_optim_state",
-    "gathered_state",
     "low_dtype",
     "named_optim_state",
+    "plain_train",
+    "reference_model",
     "reference_run",
     "scenario_tolerance",
 ]
@@ -55,89 +55,6 @@ def scenario_tolerance(scenario: Scenario) -> Tolerance:
         lr=scenario.optim.max_lr,
         steps=scenario.plan.steps,
     )
-
-
-# --- readers (run on the ranks; collective: call them on every rank) ---------------------
-
-
-def gathered_state(model: nn.Module) -> dict[str, Tensor]:
-    """The full (unsharded) model state dict, cloned to CPU, keys without wrapper prefixes.
-
-    Read with ``get_model_state_dict(full_state_dict=True)``; never with ``cpu_offload``
-    (FSDP1 segfaults on CPU with it, FINDINGS.md).
-    """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    return {clean_name(k): _to_cpu(cast(Tensor, v)) for k, v in state.items()}
-
-
-def gathered_grads(model: nn.Module) -> dict[str, Tensor | None]:
-    """The full gradient of every parameter (None where it has none), by clean name.
-
-    FSDP1: ``FullyShardedDataParallel.summon_full_params(with_grads=True)``; DTensor
-    parameters (FSDP2, tensor parallel): ``grad.full_tensor()``.
-    """
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.tensor import DTensor
-
-    out: dict[str, Tensor | None] = {}
-    if any(isinstance(m, FSDP) for m in model.modules()):
-        root = next(m for m in model.modules() if isinstance(m, FSDP))
-        with FSDP.summon_full_params(root, writeback=False, with_grads=True):
-            for name, p in model.named_parameters():
-                out[clean_name(name)] = None if p.grad is None else _to_cpu(p.grad)
-        return out
-    for name, p in model.named_parameters():
-        grad = p.grad
-        if isinstance(grad, DTensor):
-            grad = grad.full_tensor()
-        out[clean_name(name)] = None if grad is None else _to_cpu(grad)
-    return out
-
-
-def gathered_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """The full optimizer state dict keyed by parameter names (torch's own gather)."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_optimizer_state_dict,
-    )
-
-    state = get_optimizer_state_dict(
-        model, optimizer, options=StateDictOptions(full_state_dict=True)
-    )
-    return cast(dict, _tree_to_cpu(state))
-
-
-def named_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """A plain (single-process) optimizer's state keyed by parameter names, like
-    :func:`gathered_optim_state` gives for a sharded one."""
-    names = {id(p): clean_name(n) for n, p in model.named_parameters()}
-    state = {names[id(p)]: _tree_to_cpu(dict(s)) for p, s in optimizer.state.items()}
-    groups = []
-    for group in optimizer.param_groups:
-        hyper = {k: v for k, v in group.items() if k != "params"}
-        hyper["params"] = [names[id(p)] for p in group["params"]]
-        groups.append(hyper)
-    return {"state": state, "param_groups": groups}
-
-
-def _to_cpu(t: Tensor) -> Tensor:
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(t, DTensor):
-        t = t.full_tensor()
-    return t.detach().to("cpu", copy=True)
-
-
-def _tree_to_cpu(obj: object) -> object:
-    if isinstance(obj, Tensor):
-        return _to_cpu(obj)
-    if isinstance(obj, dict):
-        return {k: _tree_to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_tree_to_cpu(v) for v in obj)
-    return obj
 
 
 # --- the single-process reference (runs in the controller) -------------------------------
@@ -221,6 +138,37 @@ def _reference_run(scenario: Scenario, steps: int) -> Reference:
         optimizer.step()
     ref.state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return ref
+
+
+def plain_train(scenario: Scenario, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Train the plain model in this process for ``scenario.plan.steps`` steps (one rank's
+    data, one micro-batch per step): what a user's plain torch run does."""
+    plan = scenario.plan
+    for step in range(plan.steps):
+        x, y = make_batch(scenario.model, plan.data_seed, step, 0, 0, plan.batch_size)
+        F.mse_loss(model(x).float(), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def named_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """A plain (single-process) optimizer's state keyed by parameter names, like
+    :func:`~suites.lib.ranks.readers.gathered_optim_state` gives for a sharded one."""
+    names = {id(p): clean_name(n) for n, p in model.named_parameters()}
+    state = {names[id(p)]: _cpu_copy(s) for p, s in optimizer.state.items()}
+    groups = []
+    for group in optimizer.param_groups:
+        hyper = {k: v for k, v in group.items() if k != "params"}
+        hyper["params"] = [names[id(p)] for p in group["params"]]
+        groups.append(hyper)
+    return {"state": state, "param_groups": groups}
+
+
+def _cpu_copy(state: dict) -> dict:
+    """One parameter's plain optimizer state (tensors and numbers), tensors cloned to CPU."""
+    return {
+        k: v.detach().to("cpu", copy=True) if isinstance(v, Tensor) else v for k, v in state.items()
+    }
 
 
 # --- comparisons ------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from suites.models import clean_name
+from suites.lib.shared.models import clean_name
 
 __all__ = [
     "UnitShard",

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, overload
 
 import pytest
 import torch
 
-from harness import Unsupported
-from suites.models import BlockSpec, ModelSpec
-from suites.parallelize import make_parallelize_fn
-from suites.specs import MPConfig
+from harness import MeshStrategy, RankContext, Strategy, Unsupported
+from suites.lib.shared.models import BlockSpec, ModelSpec
+from suites.lib.shared.specs import MPConfig
 
 __all__ = [
     "SPEC",
@@ -26,7 +25,6 @@ __all__ = [
     "build",
     "expect_error",
     "fsdp_units",
-    "has_accelerator",
     "named",
     "number",
     "outcome",
@@ -94,7 +92,15 @@ def expect_error(
     return str(info.value)
 
 
-def build(ctx: Any, family: str, **options: Any) -> Any:
+@overload
+def build(ctx: RankContext, family: Literal["model_parallel"], **options: Any) -> MeshStrategy: ...
+
+
+@overload
+def build(ctx: RankContext, family: str, **options: Any) -> Strategy: ...
+
+
+def build(ctx: RankContext, family: str, **options: Any) -> Strategy:
     """``ctx.make_strategy(family, **options)``, then ``setup_environment()``.
 
     Args:
@@ -105,7 +111,7 @@ def build(ctx: Any, family: str, **options: Any) -> Any:
         **options: ``StrategySpec`` fields.
     """
     if family == "model_parallel":
-        options.setdefault("parallelize_fn", make_parallelize_fn(MPConfig(fsdp_classes=("Block",))))
+        options.setdefault("parallelize_fn", MPConfig(fsdp_classes=("Block",)).parallelize_fn())
         options.setdefault("data_parallel_size", ctx.world_size)
         options.setdefault("tensor_parallel_size", 1)
     strategy = ctx.make_strategy(family, **options)
@@ -113,7 +119,7 @@ def build(ctx: Any, family: str, **options: Any) -> Any:
     return strategy
 
 
-def supported_families(ctx: Any, families: tuple[str, ...] = FAMILIES) -> list[str]:
+def supported_families(ctx: RankContext, families: tuple[str, ...] = FAMILIES) -> list[str]:
     """The families whose default configuration the strategy builds (not ``Unsupported``).
 
     A check about bad input of a family the strategy does not offer at all is unsupported,
@@ -148,14 +154,6 @@ def outcome(fn: Callable[[], Any]) -> tuple[str, str]:
     except Exception as exc:
         return type(exc).__name__, str(exc)
     return "ok", ""
-
-
-def has_accelerator() -> bool:
-    """Whether this machine has an accelerator (CUDA or another torch accelerator)."""
-    accelerator = getattr(torch, "accelerator", None)
-    if accelerator is not None and hasattr(accelerator, "is_available"):
-        return bool(accelerator.is_available())
-    return torch.cuda.is_available()
 
 
 def unit_groups(unit: Any) -> tuple[Any, ...]:

@@ -14,11 +14,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from suites._contract import SPEC, build
-from suites._run import RankResult, end, micro_step, setup, train
-from suites.models import Linear, build_model
-from suites.oracles import gathered_state
-from suites.specs import MPConfig, Scenario
+from suites.lib.ranks.construction import SPEC, build
+from suites.lib.ranks.readers import gathered_state
+from suites.lib.ranks.training import RankResult, end, micro_step, setup, train
+from suites.lib.shared.models import Linear, build_model
+from suites.lib.shared.specs import MPConfig, Scenario
 
 __all__ = ["device_rank", "observed_train_rank", "offload_parallelize", "skip_rank"]
 

@@ -5,29 +5,26 @@ A ``parallelize_fn(module, device_mesh) -> module`` gets the strategy's 2-D mesh
 ``Block`` on the ``tensor_parallel`` dim, then ``fully_shard`` on the ``data_parallel`` dim:
 first the modules of the configured classes (post-order, so nested units come first), then
 the root. It leaves the module where it is (meta or real): the strategy materializes it.
+:meth:`suites.lib.shared.specs.MPConfig.parallelize_fn` binds :func:`parallelize_zoo` to a
+configuration.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from suites.models import Block
+from suites.lib.shared.models import Block
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
-
-    from suites.specs import MPConfig
 
 __all__ = [
     "DP_DIM",
     "TP_DIM",
     "expected_tp_placements",
-    "make_parallelize_fn",
     "mlp_plan",
     "parallelize_zoo",
 ]
@@ -115,14 +112,3 @@ def parallelize_zoo(
         fully_shard(sub, **kwargs)
     fully_shard(module, **kwargs)
     return module
-
-
-def make_parallelize_fn(config: MPConfig) -> Callable[[nn.Module, DeviceMesh], nn.Module]:
-    """The ``parallelize_fn`` of an :class:`~suites.specs.MPConfig` (built on the ranks)."""
-    return functools.partial(
-        parallelize_zoo,
-        tp_plan=config.tp_plan,
-        fsdp_classes=config.fsdp_classes,
-        reshard_after_forward=config.reshard_after_forward,
-        precision=config.precision,
-    )

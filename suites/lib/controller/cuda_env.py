@@ -5,14 +5,21 @@ device) need one GPU per rank and the NCCL backend. The decision is made in the 
 before any job starts: :func:`cuda_skip_reason` is the pure rule (tested in
 ``tests/suites_lib/test_cuda_gating.py``), :func:`session_cuda_skip_reason` feeds it this
 machine's GPU count and the backend the harness would use, and :func:`cuda_world_max` is the
-largest world size the checks may draw.
+largest world size the checks may draw. :func:`has_accelerator` tells the checks that need
+*no* accelerator (an offload without one must be refused) whether this machine has one.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["cuda_skip_reason", "cuda_world_max", "gpu_count", "session_cuda_skip_reason"]
+__all__ = [
+    "cuda_skip_reason",
+    "cuda_world_max",
+    "gpu_count",
+    "has_accelerator",
+    "session_cuda_skip_reason",
+]
 
 #: the smallest world the CUDA checks run at: one GPU is enough (world size 1 on NCCL), so a
 #: single-GPU machine runs them too; machines with more GPUs draw larger worlds
@@ -62,6 +69,14 @@ def cuda_skip_reason(
         f"environment: needs CUDA with {world_size} GPU(s) (one per rank) and the nccl "
         f"backend; this machine has {gpus} GPU(s), backend {backend}; {fix}"
     )
+
+
+def has_accelerator() -> bool:
+    """Whether this machine has an accelerator (CUDA or another torch accelerator)."""
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and hasattr(accelerator, "is_available"):
+        return bool(accelerator.is_available())
+    return torch.cuda.is_available()
 
 
 def gpu_count() -> int:

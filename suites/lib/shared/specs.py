@@ -9,14 +9,18 @@ a ``parallelize_fn``), on the rank that needs it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from suites.models import ModelSpec, clean_name, module_class
+from suites.lib.shared.models import ModelSpec, clean_name, module_class
+from suites.lib.shared.parallelize import parallelize_zoo
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = [
     "ACSpec",
@@ -294,13 +298,23 @@ class MPConfig:
 
     family = "model_parallel"
 
+    def parallelize_fn(self) -> Callable[[nn.Module, DeviceMesh], nn.Module]:
+        """The ``parallelize_fn`` the strategy gets (built on the ranks):
+        :func:`~suites.lib.shared.parallelize.parallelize_zoo` with this configuration's plan,
+        units, resharding and precision."""
+        return functools.partial(
+            parallelize_zoo,
+            tp_plan=self.tp_plan,
+            fsdp_classes=self.fsdp_classes,
+            reshard_after_forward=self.reshard_after_forward,
+            precision=self.precision,
+        )
+
     def options(self) -> dict[str, Any]:
         """Keyword arguments for ``ctx.make_strategy("model_parallel", **options)``."""
-        from suites.parallelize import make_parallelize_fn
-
         return {
             "precision": self.precision,
-            "parallelize_fn": make_parallelize_fn(self),
+            "parallelize_fn": self.parallelize_fn(),
             "data_parallel_size": self.data_parallel_size,
             "tensor_parallel_size": self.tensor_parallel_size,
         }

@@ -1,4 +1,5 @@
-"""Hypothesis strategies that draw valid :class:`~suites.specs.Scenario` s (and their parts).
+"""Hypothesis strategies that draw valid :class:`~suites.lib.shared.specs.Scenario` s (and
+their parts), and :func:`examples`, the number of examples a test draws.
 
 Only valid combinations are drawn: meshes divide the world, tied weights never straddle two
 wrap units, tensor-parallel widths divide by the tensor-parallel size, fp16 Adam gets
@@ -12,10 +13,11 @@ import dataclasses
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import settings
 from hypothesis import strategies as st
 
-from suites.models import BlockSpec, ModelSpec, build_model
-from suites.specs import (
+from suites.lib.shared.models import BlockSpec, ModelSpec, build_model
+from suites.lib.shared.specs import (
     ACSpec,
     FSDPConfig,
     MPConfig,
@@ -31,6 +33,7 @@ __all__ = [
     "SHARDING_STRATEGIES",
     "ac_specs",
     "available_world_sizes",
+    "examples",
     "fsdp_configs",
     "job_world",
     "max_world_size",
@@ -55,6 +58,12 @@ ALL_PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
 FSDP_PRECISIONS = ALL_PRECISIONS
 MP_PRECISIONS = ("32-true", "bf16-mixed")
 WRAP_CLASSES = ("Block", "NestedBlock", "Scale")
+
+
+def examples(n: int) -> settings:
+    """``n`` examples in the ``ci`` profile, scaled like the active profile otherwise."""
+    base = settings().max_examples  # the active profile's: ci 10, dev 25, nightly 250
+    return settings(max_examples=max(1, n * base // 10))
 
 
 def max_world_size() -> int:

@@ -1,36 +1,33 @@
 """Running scenarios on the ranks: set-up and training through the plug-in contract only.
 
-Rank side: :func:`setup` builds the strategy with ``ctx.make_strategy`` and the model and
-optimizer of a scenario; :func:`train` runs its plan (micro-batches under
-``no_backward_sync``, clipping, steps); :func:`train_rank` does both and returns a
-:class:`RankResult` of CPU tensors read with torch's own APIs.
-
-Controller side: :func:`run` calls ``harness.run_on_ranks`` and turns an ``Unsupported``
-configuration into ``hypothesis.reject()`` inside a Hypothesis test (the plugin records it).
+:func:`setup` builds the strategy with ``ctx.make_strategy`` and the model and optimizer of a
+scenario; :func:`train` runs its plan (micro-batches under ``no_backward_sync``, clipping,
+steps); :func:`train_rank` does both and returns a :class:`RankResult` of CPU tensors read with
+torch's own APIs. The controller sends these jobs with :func:`suites.lib.controller.dispatch.run`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field, is_dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from harness import RankContext, Strategy
 from harness.attribution import clause
-from suites.models import Linear, build_model, make_batch
-from suites.oracles import gathered_grads, gathered_state
-from suites.specs import Scenario
+from suites.lib.ranks.readers import gathered_grads, gathered_state
+from suites.lib.shared.models import Linear, build_model, make_batch
+from suites.lib.shared.specs import Scenario
 
 __all__ = [
     "RankResult",
     "Trained",
     "compute_dtypes",
     "end",
+    "micro_step",
     "optimizer_state_dtypes",
-    "run",
     "setup",
     "train",
     "train_rank",
@@ -41,7 +38,7 @@ __all__ = [
 class Trained:
     """The live objects of a rank after :func:`setup`."""
 
-    strategy: Any
+    strategy: Strategy
     model: nn.Module
     optimizer: torch.optim.Optimizer
 
@@ -70,7 +67,7 @@ class RankResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def setup(ctx: Any, scenario: Scenario, **overrides: Any) -> Trained:
+def setup(ctx: RankContext, scenario: Scenario, **overrides: Any) -> Trained:
     """Build strategy, model and optimizer of ``scenario`` on this rank.
 
     Args:
@@ -83,14 +80,14 @@ def setup(ctx: Any, scenario: Scenario, **overrides: Any) -> Trained:
         strategy = ctx.make_strategy(scenario.family, **options)
         strategy.setup_environment()
     with clause("API-3"), strategy.module_init_context(empty_init=scenario.empty_init):
-        model = build_model(scenario.model)
+        model: nn.Module = build_model(scenario.model)
     with clause("API-2"):
         model = strategy.setup_module(model)
         optimizer = strategy.setup_optimizer(scenario.optim.build(model.named_parameters()))
     return Trained(strategy, model, optimizer)
 
 
-def end(*strategies: Any) -> None:
+def end(*strategies: Strategy) -> None:
     """Tear the strategies down; a raising ``teardown`` is a late API-8 violation (reported
     once as its own finding) that leaves the check's verdict standing."""
     for strategy in strategies:
@@ -152,7 +149,7 @@ def train(
         t.optimizer.zero_grad()
 
 
-def train_rank(ctx: Any, scenario: Scenario, grads: bool = False) -> RankResult:
+def train_rank(ctx: RankContext, scenario: Scenario, grads: bool = False) -> RankResult:
     """Rank function: set up, train the plan, return the gathered state (and grads).
 
     Args:
@@ -166,54 +163,6 @@ def train_rank(ctx: Any, scenario: Scenario, grads: bool = False) -> RankResult:
     result.state = gathered_state(t.model)
     end(t.strategy)
     return result
-
-
-def run(fn: Callable[..., Any], *args: Any, world_size: int) -> list[Any]:
-    """``harness.run_on_ranks``, with ``Unsupported`` turned into ``hypothesis.reject()``
-    inside a Hypothesis test (re-raised outside one, for the plugin to report).
-
-    A scenario among ``args`` whose option value the strategy already refused in this session
-    is refused again without a rank job (see :mod:`harness.conformance.economy`).
-    """
-    from harness import Unsupported, run_on_ranks
-    from harness.conformance.economy import REFUSALS
-    from harness.conformance.unsupported import note_job_ran
-
-    scenarios = _scenarios_in(args)
-    try:
-        for scenario in scenarios:
-            known = REFUSALS.refused(scenario.family, scenario.options())
-            if known is not None:
-                raise known  # a remembered refusal: no rank job
-        try:
-            values = run_on_ranks(fn, *args, world_size=world_size)
-            note_job_ran()
-            return values
-        except Unsupported as exc:
-            for scenario in scenarios:
-                REFUSALS.remember(scenario.family, scenario.options(), exc)
-            raise
-    except Unsupported as exc:
-        from hypothesis import reject
-        from hypothesis.control import currently_in_test_context
-
-        from harness.conformance import record_unsupported
-
-        if currently_in_test_context():
-            record_unsupported(exc)  # also where the plugin cannot wrap the test (stateful)
-            reject()
-        raise
-
-
-def _scenarios_in(args: tuple[Any, ...]) -> list[Scenario]:
-    """The scenarios among ``args`` and their fields (a checkpoint plan's save and load)."""
-    found: list[Scenario] = []
-    for arg in args:
-        if isinstance(arg, Scenario):
-            found.append(arg)
-        elif is_dataclass(arg) and not isinstance(arg, type):
-            found += [v for v in vars(arg).values() if isinstance(v, Scenario)]
-    return found
 
 
 def compute_dtypes(t: Trained, scenario: Scenario) -> dict[str, str]:

@@ -2,27 +2,25 @@
 
 Moved state is compared bitwise (:func:`tree_diff`, dtype and shape included) and every
 failure names its SPEC clause and where it happened (rank, world sizes, family, format).
-:func:`check_refusal` judges an error case recorded on a rank; :func:`files_digest` proves
-the files on disk were left as they were. :func:`standard_form` is the suite's own
-conversion of name-keyed optimizer state to torch's integer form. :func:`convert_offline`
-is the one place the suites call reference code: the offline converter (an offline tool,
-not the strategy under test; CKPT-RT-4).
+:func:`check_refusal` judges an error case recorded on a rank (raised what, and whether the
+files on disk stayed as they were: :func:`suites.lib.shared.files.files_digest` before and
+after). :func:`standard_form` is the suite's own conversion of name-keyed optimizer state to
+torch's integer form. :func:`convert_offline` is the one place the suites call reference
+code: the offline converter (an offline tool, not the strategy under test; CKPT-RT-4).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from suites.checkpoint_plans import make_metadata, plain_metadata
+from suites.lib.shared.checkpoint_specs import make_metadata, plain_metadata
 
 if TYPE_CHECKING:
-    from suites.checkpoint_plans import CkptPlan
+    from suites.lib.shared.checkpoint_specs import CkptPlan
 
 __all__ = [
     "assert_loaded_equals_saved",
@@ -30,7 +28,6 @@ __all__ = [
     "assert_same_optim",
     "check_refusal",
     "convert_offline",
-    "files_digest",
     "standard_form",
     "tree_diff",
 ]
@@ -149,15 +146,6 @@ def standard_form(named: dict, order: list[list[str]] | None = None) -> dict:
         for g, names in zip(named["param_groups"], order, strict=True)
     ]
     return {"state": {ids[n]: v for n, v in named["state"].items()}, "param_groups": groups}
-
-
-def files_digest(root: str | os.PathLike[str]) -> dict[str, str]:
-    """Every file under ``root`` (or ``root`` itself) with the sha256 of its content."""
-    base = Path(root)
-    paths = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file())
-    return {
-        str(p.relative_to(base.parent)): hashlib.sha256(p.read_bytes()).hexdigest() for p in paths
-    }
 
 
 def convert_offline(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:

@@ -10,9 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 
-from suites.checkpoint_plans import CkptPlan
-from suites.models import BlockSpec, ModelSpec
-from suites.specs import ACSpec, FSDPConfig, MPConfig, OptimSpec, Scenario, TrainPlan, WrapSpec
+from suites.lib.shared.checkpoint_specs import CkptPlan
+from suites.lib.shared.models import BlockSpec, ModelSpec
+from suites.lib.shared.specs import (
+    ACSpec,
+    FSDPConfig,
+    MPConfig,
+    OptimSpec,
+    Scenario,
+    TrainPlan,
+    WrapSpec,
+)
 
 __all__ = [
     "AC_BLOCKS",

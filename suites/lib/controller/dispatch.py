@@ -1,0 +1,64 @@
+"""Sending a job to the ranks from the controller.
+
+:func:`run` calls ``harness.run_on_ranks`` and turns an ``Unsupported`` configuration into
+``hypothesis.reject()`` inside a Hypothesis test (the plugin records it). The jobs themselves
+are module-level functions on the rank side (:mod:`suites.lib.ranks`) or in the test modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import is_dataclass
+from typing import Any
+
+from suites.lib.shared.specs import Scenario
+
+__all__ = ["run"]
+
+
+def run(fn: Callable[..., Any], *args: Any, world_size: int) -> list[Any]:
+    """``harness.run_on_ranks``, with ``Unsupported`` turned into ``hypothesis.reject()``
+    inside a Hypothesis test (re-raised outside one, for the plugin to report).
+
+    A scenario among ``args`` whose option value the strategy already refused in this session
+    is refused again without a rank job (see :mod:`harness.conformance.economy`).
+    """
+    from harness import Unsupported, run_on_ranks
+    from harness.conformance.economy import REFUSALS
+    from harness.conformance.unsupported import note_job_ran
+
+    scenarios = _scenarios_in(args)
+    try:
+        for scenario in scenarios:
+            known = REFUSALS.refused(scenario.family, scenario.options())
+            if known is not None:
+                raise known  # a remembered refusal: no rank job
+        try:
+            values = run_on_ranks(fn, *args, world_size=world_size)
+            note_job_ran()
+            return values
+        except Unsupported as exc:
+            for scenario in scenarios:
+                REFUSALS.remember(scenario.family, scenario.options(), exc)
+            raise
+    except Unsupported as exc:
+        from hypothesis import reject
+        from hypothesis.control import currently_in_test_context
+
+        from harness.conformance import record_unsupported
+
+        if currently_in_test_context():
+            record_unsupported(exc)  # also where the plugin cannot wrap the test (stateful)
+            reject()
+        raise
+
+
+def _scenarios_in(args: tuple[Any, ...]) -> list[Scenario]:
+    """The scenarios among ``args`` and their fields (a checkpoint plan's save and load)."""
+    found: list[Scenario] = []
+    for arg in args:
+        if isinstance(arg, Scenario):
+            found.append(arg)
+        elif is_dataclass(arg) and not isinstance(arg, type):
+            found += [v for v in vars(arg).values() if isinstance(v, Scenario)]
+    return found

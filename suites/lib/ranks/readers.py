@@ -1,0 +1,86 @@
+"""Readers of gathered state, run on the ranks (collective: call them on every rank).
+
+The full model state, gradients and optimizer state are read with torch's own APIs
+(``get_model_state_dict``, ``summon_full_params``, ``full_tensor``,
+``get_optimizer_state_dict``), never with the strategy's save/load, and cloned to CPU so that
+they travel back to the controller by pickle and compare there with the single-process
+reference (:mod:`suites.lib.controller.oracles`).
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import torch
+from torch import Tensor, nn
+
+from suites.lib.shared.models import clean_name
+
+__all__ = ["gathered_grads", "gathered_optim_state", "gathered_state"]
+
+
+def gathered_state(model: nn.Module) -> dict[str, Tensor]:
+    """The full (unsharded) model state dict, cloned to CPU, keys without wrapper prefixes.
+
+    Read with ``get_model_state_dict(full_state_dict=True)``; never with ``cpu_offload``
+    (FSDP1 segfaults on CPU with it, FINDINGS.md).
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return {clean_name(k): _to_cpu(cast(Tensor, v)) for k, v in state.items()}
+
+
+def gathered_grads(model: nn.Module) -> dict[str, Tensor | None]:
+    """The full gradient of every parameter (None where it has none), by clean name.
+
+    FSDP1: ``FullyShardedDataParallel.summon_full_params(with_grads=True)``; DTensor
+    parameters (FSDP2, tensor parallel): ``grad.full_tensor()``.
+    """
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.tensor import DTensor
+
+    out: dict[str, Tensor | None] = {}
+    if any(isinstance(m, FSDP) for m in model.modules()):
+        root = next(m for m in model.modules() if isinstance(m, FSDP))
+        with FSDP.summon_full_params(root, writeback=False, with_grads=True):
+            for name, p in model.named_parameters():
+                out[clean_name(name)] = None if p.grad is None else _to_cpu(p.grad)
+        return out
+    for name, p in model.named_parameters():
+        grad = p.grad
+        if isinstance(grad, DTensor):
+            grad = grad.full_tensor()
+        out[clean_name(name)] = None if grad is None else _to_cpu(grad)
+    return out
+
+
+def gathered_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """The full optimizer state dict keyed by parameter names (torch's own gather)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+    )
+
+    state = get_optimizer_state_dict(
+        model, optimizer, options=StateDictOptions(full_state_dict=True)
+    )
+    return cast(dict, _tree_to_cpu(state))
+
+
+def _to_cpu(t: Tensor) -> Tensor:
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(t, DTensor):
+        t = t.full_tensor()
+    return t.detach().to("cpu", copy=True)
+
+
+def _tree_to_cpu(obj: object) -> object:
+    if isinstance(obj, Tensor):
+        return _to_cpu(obj)
+    if isinstance(obj, dict):
+        return {k: _tree_to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_tree_to_cpu(v) for v in obj)
+    return obj

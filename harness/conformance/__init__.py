@@ -14,7 +14,8 @@ Modules: :mod:`~harness.conformance.checks` (ids, outcomes, the expected-failure
 :mod:`~harness.conformance.unsupported` (``Unsupported`` under pytest and Hypothesis),
 :mod:`~harness.conformance.session` (the hooks of one session),
 :mod:`~harness.conformance.facts` (environment, strategy, reproducers),
-:mod:`~harness.conformance.findings` (signatures and findings),
+:mod:`~harness.conformance.signatures` (what one failure is), :mod:`~harness.conformance.findings`
+(failures grouped by root cause),
 :mod:`~harness.conformance.triage` (clause isolation, late violations, stopping early),
 :mod:`~harness.conformance.economy` (shrink budgets, remembered refusals).
 """

@@ -31,7 +31,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from harness.conformance.checks import Check
-from harness.conformance.findings import Attribution, Findings, attribute
+from harness.conformance.findings import Findings
+from harness.conformance.signatures import Attribution, attribute
 from harness.contract import Unsupported, short_value
 from harness.shrinking import (
     first_failure_time,

@@ -20,7 +20,7 @@ from harness.conformance.checks import (
     not_run_reason,
 )
 from harness.conformance.economy import REFUSALS
-from harness.conformance.findings import is_failure
+from harness.conformance.signatures import is_failure
 from harness.conformance.summary import write_summary
 from harness.conformance.triage import LATE_PREFIX, Triage, shrink_budget
 from harness.conformance.unsupported import rejecting, running, skip_exception

@@ -18,7 +18,8 @@ import pytest
 from harness.attribution import take_noted
 from harness.conformance.checks import Check
 from harness.conformance.economy import SHRINK_SECONDS, ShrinkPolicy, attributed_clauses
-from harness.conformance.findings import Finding, Findings, attribute, late_attribution
+from harness.conformance.findings import Finding, Findings
+from harness.conformance.signatures import attribute, late_attribution
 from harness.report import CheckResult, FindingResult
 
 __all__ = ["LATE_PREFIX", "SAME_FINDING_STOP", "Triage", "shrink_budget"]

@@ -23,7 +23,7 @@ import pytest
 
 from harness.conformance.checks import Check
 from harness.conformance.economy import REMEMBERED_IN_A_ROW, ShrinkPolicy, is_remembered
-from harness.conformance.findings import is_failure
+from harness.conformance.signatures import is_failure
 from harness.contract import Unsupported
 
 __all__ = [

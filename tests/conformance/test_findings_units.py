@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from harness import clause
 from harness.attribution import clause_of, take_late_violations
 from harness.conformance.economy import Refusals, attributed_clauses
-from harness.conformance.findings import Findings, attribute, mask, named_clause
+from harness.conformance.findings import Findings
+from harness.conformance.signatures import attribute, mask, named_clause
 from harness.contract import Unsupported
 from harness.report import CheckResult, FindingResult, Report, clause_outcomes
 from harness.report.diff import diff_reports
@@ -293,7 +294,7 @@ def test_of_several_failures_the_one_breaking_the_checks_own_clause_is_its_verdi
 
 
 def test_a_finding_met_late_after_failing_its_own_check_counts_as_late() -> None:
-    from harness.conformance.findings import Attribution
+    from harness.conformance.signatures import Attribution
     from harness.conformance.triage import Triage
 
     triage = Triage({"API-8": "teardown raises"})

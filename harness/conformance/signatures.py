@@ -1,0 +1,257 @@
+"""Signatures: what one failing check's failure is, for grouping into findings.
+
+A *signature* names a root cause: the clause the failure is attributed to, the exception's
+type, its message with numbers, shapes, device meshes, paths and addresses masked, and the
+innermost frame outside shardcheck (the strategy's or torch's code where it was raised). For an
+assertion made by a suite (its innermost frame is shardcheck's own) the location is left out:
+the clause and the assertion's words name it. :mod:`harness.conformance.findings` groups
+failures by it.
+
+[Note: clause isolation] (in :mod:`harness.attribution`) says how a failure gets its clause.
+"""
+
+from __future__ import annotations
+
+import re
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from harness.attribution import LateViolation, clause_of
+from harness.outcomes import RankFailure
+
+__all__ = [
+    "Attribution",
+    "attribute",
+    "is_failure",
+    "late_attribution",
+    "mask",
+    "named_clause",
+]
+
+_ROOT = Path(__file__).resolve().parents[2]
+#: frames in these directories are shardcheck's own (not where a strategy's bug lives)
+_OWN_DIRS = tuple(str(_ROOT / d) + "/" for d in ("harness", "suites"))
+_LIBRARY_PARTS = ("/_pytest/", "/pluggy/", "/hypothesis/", "/contextlib.py")
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)', re.M)
+#: terminal colour codes some libraries put in their messages (torch's weights-only error)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_MASKS = (
+    (re.compile(r"0x[0-9a-fA-F]+"), "0x?"),
+    # a device mesh's printed shape and names: "meshes differ" is one error whichever meshes
+    (re.compile(r"DeviceMesh\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\)"), "MESH"),
+    (re.compile(r"(?:/[\w.@+-]+){2,}/?"), "PATH"),
+    (re.compile(r"torch\.Size\(\[[^\]]*\]\)"), "SHAPE"),
+    (re.compile(r"\[[\d,\s]+\]"), "SHAPE"),
+    (re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?!\w)"), "N"),
+)
+_KEY_CHARS = 160
+#: the first line of a suite's report of a rank's exception: ``rank 0: ValueError: ...``
+_RANK_ERROR = re.compile(
+    r"^rank \d+: ((?:[\w]+\.)*[A-Z]\w*(?:Error|Exception|Warning)?): (.*)$", re.M
+)
+#: a suite's assertion message that starts with the clause it checks: ``"CKPT-RT-1: ..."``
+_NAMED_CLAUSE = re.compile(r"^\s*(?:rank \d+: )?([A-Z]+(?:-[A-Z]+)*-\d+):")
+
+
+def mask(message: str) -> str:
+    """The first line of ``message`` with addresses, paths, shapes, device meshes and numbers
+    masked."""
+    first = _first(message)
+    for pattern, replacement in _MASKS:
+        first = pattern.sub(replacement, first)
+    return first[:_KEY_CHARS]
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """What one failing check's failure is, for grouping and reporting.
+
+    Args:
+        clause: the clause the failure was attributed to (``harness.clause``), or ``""``.
+        kind: ``raised``, ``crashed`` or ``hung`` (a rank's outcome), or ``assertion`` (a
+            suite's comparison failed in the controller).
+        type_name: the exception type.
+        key: the masked message.
+        where: ``file:line function`` of the innermost frame outside shardcheck, or of the
+            assertion.
+        message: the unmasked first line (for the report).
+    """
+
+    clause: str
+    kind: str
+    type_name: str
+    key: str
+    where: str
+    message: str
+
+    @property
+    def place(self) -> str:
+        """Type, masked message and location, without the clause: the same error raised at
+        the same place in the strategy (not for a suite's assertion, whose words are all)."""
+        if self.kind == "assertion":
+            return ""
+        return f"{self.type_name}: {self.key} @ {_strip_line(self.where)}"
+
+    def signature(self, clauses: list[str]) -> str:
+        """The grouping key, for a failure of a check declaring ``clauses``."""
+        named = self.clause or ",".join(clauses)
+        place = "" if self.kind == "assertion" else f" @ {_strip_line(self.where)}"
+        return f"{named}: {self.type_name}: {self.key}{place}"
+
+
+def _strip_line(where: str) -> str:
+    # same function in the same file: the same place, even when a line moved
+    file, _, rest = where.partition(":")
+    return f"{file}:{rest.partition(' ')[2]}" if rest else where
+
+
+def _own(path: str) -> bool:
+    return path.startswith(_OWN_DIRS) or any(part in path for part in _LIBRARY_PARTS)
+
+
+def _short_path(path: str) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(_ROOT))
+    except ValueError:
+        marker = "site-packages/"
+        return path.split(marker, 1)[1] if marker in path else path
+
+
+def _where_in_text(text: str) -> tuple[str, bool]:
+    """The innermost frame outside shardcheck in a formatted traceback; else the innermost."""
+    frames = [(m["file"], m["line"], m["func"]) for m in _FRAME.finditer(text)]
+    if not frames:
+        return "", False
+    outside = [f for f in frames if not _own(f[0])]
+    file, line, func = (outside or frames)[-1]
+    return f"{_short_path(file)}:{line} {func}", bool(outside)
+
+
+def _tb_text(tb: TracebackType | None) -> str:
+    return "".join(traceback.format_tb(tb)) if tb is not None else ""
+
+
+def _leaves(exc: BaseException, flaky: bool = False) -> list[tuple[BaseException, bool]]:
+    """The exceptions an exception group holds, depth first (``[exc]`` for one exception),
+    each with whether it came inside a flaky failure (a failure Hypothesis could not replay);
+    an exception Hypothesis wrapped (a ``BaseException`` such as pytest-timeout's) unwrapped."""
+    from hypothesis.errors import Flaky
+
+    flaky = flaky or isinstance(exc, Flaky)
+    inner = getattr(exc, "exceptions", None)
+    if isinstance(inner, tuple) and inner:
+        subs = [sub for sub in inner if isinstance(sub, BaseException)]
+        return [leaf for sub in subs for leaf in _leaves(sub, flaky)]
+    if type(exc).__name__ == "_WrappedBaseException" and exc.__cause__ is not None:
+        exc = exc.__cause__
+    return [(exc, flaky)]
+
+
+def _candidates(exc: BaseException) -> list[BaseException]:
+    """Of Hypothesis' several distinct failures, those that are the strategy's (not one inside
+    a flaky failure, whose example passed when replayed, nor a test timeout), in order; all of
+    them when none is."""
+    leaves = _leaves(exc)
+    steady = [leaf for leaf, flaky in leaves if not flaky and not _is_timeout(leaf)]
+    return steady or [leaf for leaf, _ in leaves]
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    return "Timeout (>" in str(exc) and "pytest-timeout" in str(exc)
+
+
+def _type_name(cls: type) -> str:
+    name = cls.__qualname__
+    return name if cls.__module__ == "builtins" else f"{cls.__module__}.{name}"
+
+
+def is_failure(exc: BaseException) -> bool:
+    """Whether a test's exception is a failure (not a skip, an xfail or an interruption)."""
+    import pytest
+
+    if isinstance(exc, (KeyboardInterrupt, SystemExit, pytest.skip.Exception)):
+        return False
+    return not isinstance(exc, pytest.xfail.Exception)
+
+
+def named_clause(message: str) -> str:
+    """The clause a suite's assertion message starts with (``"CKPT-RT-1: ..."``), or ``""``."""
+    match = _NAMED_CLAUSE.match(message)
+    return match.group(1) if match else ""
+
+
+def attribute(exc: BaseException, own: Sequence[str] = ()) -> Attribution:
+    """The attribution of the exception a check's test raised: the clause a ``clause``
+    block gave it, else the one its assertion message starts with.
+
+    Of several distinct failures (an exception group), the first that breaks one of the
+    check's ``own`` clauses (or names none), else the first: a check that found a violation
+    of its own property fails on it, even if another example was blocked on the way.
+    """
+    attributions = [_attribute_one(leaf) for leaf in _candidates(exc)]
+    for attribution in attributions:
+        if not attribution.clause or attribution.clause in own:
+            return attribution
+    return attributions[0]
+
+
+def _attribute_one(exc: BaseException) -> Attribution:
+    clause = clause_of(exc)
+    if isinstance(exc, RankFailure):
+        return _rank_attribution(exc, clause)
+    where, outside = _where_in_text(_tb_text(exc.__traceback__))
+    kind = "raised" if outside else "assertion"
+    message = str(exc)
+    clause = clause or named_clause(message)
+    quoted = _RANK_ERROR.match(message)
+    if quoted and not outside:
+        # a suite's report of a rank's exception, with its traceback in the message (the API
+        # probes): the rank's exception and where it was raised, as if it had come back raised
+        in_text, outside_text = _where_in_text(message)
+        if outside_text:
+            type_name, text = quoted.group(1), quoted.group(2)
+            return Attribution(clause, "raised", type_name, mask(text), in_text, text.strip())
+    return Attribution(clause, kind, _type_name(type(exc)), mask(message), where, _first(message))
+
+
+def _first(message: str) -> str:
+    """The first non-blank line of ``message``, without terminal colour codes."""
+    text = _ANSI.sub("", message)
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def _rank_attribution(failure: RankFailure, clause: str) -> Attribution:
+    by_rank = {o.rank: o for o in failure.outcomes}
+    first = by_rank[failure.failed_ranks[0]] if failure.failed_ranks else failure.outcomes[0]
+    errors = [by_rank[r].error for r in failure.failed_ranks if by_rank[r].error is not None]
+    own = [e for e in errors if e is not None and not e.is_distributed]
+    error = own[0] if own else (first.error if first.error is not None else None)
+    if error is not None:
+        where, outside = _where_in_text(error.traceback)
+        clause = clause or named_clause(error.message)
+        kind = "raised" if outside else "assertion"
+        return Attribution(
+            clause, kind, error.type_name, mask(error.message), where, _first(error.message)
+        )
+    if first.kind == "crashed":
+        what = f"exit code {first.exitcode}"
+        return Attribution(clause, "crashed", "crash", mask(what), "", f"rank crashed: {what}")
+    where, _ = _where_in_text(first.stacks)
+    detail = first.detail or "the rank did not answer before its deadline"
+    return Attribution(clause, "hung", "hang", mask(detail), where, detail)
+
+
+def late_attribution(violation: LateViolation) -> Attribution:
+    """The attribution of a violation recorded after a check's property (``after=True``)."""
+    where, _ = _where_in_text(violation.traceback)
+    return Attribution(
+        violation.clause,
+        "raised",
+        violation.type_name,
+        mask(violation.message),
+        where,
+        _first(violation.message),
+    )

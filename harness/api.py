@@ -18,7 +18,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -27,17 +27,15 @@ from harness.attribution import note_late
 from harness.contract import DEFAULT_FACTORY, Unsupported
 from harness.deadlines import Deadlines, current_check
 from harness.fnref import fn_ref_of
-from harness.launch import forkserver_context
 from harness.outcomes import Outcome
 from harness.pool import PoolSettings, RankPool
 from harness.protocol import FnRef, Job
 from harness.rankwarnings import COLLECTED
 from harness.shrinking import shrink_once
+from harness.transport import Transport
+from harness.transports.pipes import PipeTransport, forkserver_context
 from harness.verdicts import CollectiveDesync, CollectiveHang, failure_for
 from harness.worker import pg_timeout_for
-
-if TYPE_CHECKING:
-    from harness.attach.pool import AttachedPool
 
 __all__ = [
     "HarnessConfig",
@@ -105,7 +103,7 @@ class HarnessConfig:
 
 
 _config = HarnessConfig()
-_pools: dict[int, RankPool | AttachedPool] = {}
+_pools: dict[int, RankPool] = {}
 _root: str | None = None
 _job_ids = itertools.count(1)
 _last_job_id = 0
@@ -206,11 +204,10 @@ def unavailable_reason(world_size: int) -> str | None:
 
 
 def lost_reason() -> str | None:
-    """In attach mode, why the run cannot go on (a rank is gone), else ``None``."""
+    """Why the run cannot go on (in attach mode, a rank is gone), else ``None``."""
     for pool in _pools.values():
-        lost = getattr(pool, "lost", None)
-        if lost:
-            return str(lost)
+        if pool.lost:
+            return pool.lost
     return None
 
 
@@ -260,23 +257,25 @@ def _preload() -> tuple[str, ...]:
     return tuple(wanted)
 
 
-def pool_for(world_size: int) -> RankPool | AttachedPool:
-    """The session's pool for ``world_size`` (created, not started, on first use): a
-    :class:`RankPool`, or in attach mode the :class:`~harness.attach.pool.AttachedPool`."""
+def pool_for(world_size: int) -> RankPool:
+    """The session's pool for ``world_size`` (created, not started, on first use): local
+    ranks over pipes, or in attach mode torchrun's ranks over its store."""
     pool = _pools.get(world_size)
     if pool is not None:
         return pool
+    transport: Transport
     if _config.attach is not None:
-        from harness.attach.pool import AttachedPool
+        from harness.transports.store import StoreTransport
 
         # one GPU per local rank of the torchrun node (the backend is the same on every node)
         backend = resolve_backend(_config.backend, _config.attach.local_world_size)
-        pool = AttachedPool(_config.attach, _pool_settings(world_size, backend))
+        settings = _pool_settings(world_size, backend)
+        transport = StoreTransport(_config.attach)
     else:
         backend = resolve_backend(_config.backend, world_size)
         settings = _pool_settings(world_size, backend, preload=_preload())
-        pool = RankPool(settings, _session_root())
-    _pools[world_size] = pool
+        transport = PipeTransport(_session_root(), world_size)
+    pool = _pools[world_size] = RankPool(settings, transport)
     return pool
 
 
@@ -389,7 +388,7 @@ def run_on_ranks(
     pool = pool_for(size)
     checked = _use_checking(pool, check)
     outcomes, what = _run_job(pool, ref, blob, deadline, size)
-    if not checked and _worth_replaying(outcomes) and _can_check(pool):
+    if not checked and _worth_replaying(outcomes) and pool.can_check:
         _checked_check = check  # the replay and the rest of this check run checked
         _use_checking(pool, check)
         outcomes, what = _run_job(pool, ref, blob, deadline, size)
@@ -411,7 +410,7 @@ def jobs_dispatched() -> int:
 
 
 def _run_job(
-    pool: RankPool | AttachedPool, ref: FnRef, blob: bytes, deadline: float, size: int
+    pool: RankPool, ref: FnRef, blob: bytes, deadline: float, size: int
 ) -> tuple[list[Outcome], str]:
     global _last_job_id
     job_id = _last_job_id = next(_job_ids)
@@ -419,7 +418,7 @@ def _run_job(
     job = Job(ref, blob, deadline, tmp_dir, _config.strategy, dict(_config.strategy_options))
     what = f"job {job_id}: {ref} at world size {size}"
     try:
-        outcomes = pool.run(job, job_id, what)
+        outcomes = pool.run(job, job_id)
     finally:
         if os.path.isdir(tmp_dir):
             shutil.rmtree(tmp_dir, ignore_errors=True)
@@ -427,17 +426,9 @@ def _run_job(
     return outcomes, what
 
 
-def _can_check(pool: RankPool | AttachedPool) -> bool:
-    return isinstance(pool, RankPool)
-
-
-def _use_checking(pool: RankPool | AttachedPool, check: str) -> bool:
+def _use_checking(pool: RankPool, check: str) -> bool:
     """Put the pool in the checking mode this check needs; return whether it checks."""
-    want = _config.check_collectives or check == _checked_check
-    if isinstance(pool, RankPool):
-        pool.set_checking(want)
-        return want
-    return False
+    return pool.set_checking(_config.check_collectives or check == _checked_check)
 
 
 def _worth_replaying(outcomes: Sequence[Outcome]) -> bool:

@@ -34,7 +34,7 @@ from harness import api
 from harness.api import pool_for, run_on_ranks
 from harness.attach.session import info_from_env
 from harness.context import RankContext
-from harness.launch import forkserver_context
+from harness.transports.pipes import forkserver_context
 from harness.warmup import tiny_fsdp2_step
 
 __all__ = ["main", "tiny_fsdp2_step"]

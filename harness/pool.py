@@ -24,9 +24,9 @@ from dataclasses import dataclass, replace
 from harness.collectives import waiting_collective
 from harness.outcomes import Outcome, format_story, outcome_from_reply, tidy_stacks
 from harness.protocol import BARRIER, ERROR, HEALTHY, JOB, READY, RESULT, STATE, Command, Job
+from harness.runner import pg_timeout_for
 from harness.stall import StallProbe
 from harness.transport import RanksUnreachable, StackDump, Transport
-from harness.worker import pg_timeout_for
 
 __all__ = ["PoolLost", "PoolSettings", "PoolStartError", "RankPool", "lonely_grace"]
 

@@ -21,6 +21,7 @@ a rank that died.
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
 import time
@@ -41,7 +42,15 @@ if TYPE_CHECKING:
     from harness.outcomes import Outcome
     from harness.pool import PoolSettings
 
-__all__ = ["PRELOAD", "PipeTransport", "RankFiles", "forkserver_context", "kill_rank"]
+__all__ = [
+    "PRELOAD",
+    "PipeTransport",
+    "RankFiles",
+    "forkserver_context",
+    "kill_rank",
+    "start_forkserver",
+    "stop_forkserver",
+]
 
 PRELOAD = (
     "torch",
@@ -67,6 +76,28 @@ def forkserver_context(extra_preload: Sequence[str] = ()) -> Any:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([*PRELOAD, *extra_preload])
     return context
+
+
+def start_forkserver(extra_preload: Sequence[str] = ()) -> None:
+    """Start the forkserver now: it imports torch in the background, so the ranks start
+    sooner."""
+    forkserver_context(extra_preload)
+    multiprocessing.forkserver.ensure_running()
+
+
+def stop_forkserver() -> None:
+    """Stop multiprocessing's forkserver at once, even while it still imports torch."""
+    server = getattr(multiprocessing.forkserver, "_forkserver", None)
+    pid = getattr(server, "_forkserver_pid", None)
+    if server is None or pid is None or not hasattr(server, "_stop"):
+        return
+    try:
+        os.kill(
+            pid, signal.SIGKILL
+        )  # no rank is left (every transport closed); nothing to wait for
+    except ProcessLookupError:
+        pass
+    server._stop()
 
 
 def kill_rank(pid: int | None) -> None:

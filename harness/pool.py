@@ -150,7 +150,11 @@ class RankPool:
         settings = self.settings
         if self.generation > 1:
             settings = replace(settings, warm_up=False)  # a respawn heals fast; warm once
-        token = self.transport.start(self.generation, settings)
+        try:
+            token = self.transport.start(self.generation, settings)
+        except BaseException:
+            self.kill()  # ranks started before the failure must not linger
+            raise
         outcomes = self._wait(token, began, began + settings.start_timeout, (READY,), None)
         if not all(o.ok for o in outcomes):
             n, name = self.settings.world_size, self.transport.name

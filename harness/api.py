@@ -1,54 +1,51 @@
-"""``run_on_ranks`` and the session state behind it: configuration and one pool per size.
+"""``run_on_ranks`` and the session state behind it: the settings in force, one pool per size.
 
 The pytest plugin calls :func:`configure` once from the command-line options; scripts and
-the benchmark use the defaults (gloo on CPU, ``--nproc`` = GPUs if at least 2, else 4).
-Pools start on first use and live until :func:`shutdown` (session end, or interpreter exit).
+the benchmark use the defaults (:class:`harness.config.HarnessConfig`). Pools start on first
+use and live until :func:`shutdown` (session end, or interpreter exit).
 """
 
 from __future__ import annotations
 
 import atexit
 import itertools
-import multiprocessing.forkserver
 import os
 import pickle
 import shutil
-import signal
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import Any
 
-import torch
-
-from harness.attach.session import AttachInfo
-from harness.attribution import note_late
-from harness.contract import DEFAULT_FACTORY, Unsupported
+from harness.config import BACKENDS, HarnessConfig, default_nproc, resolve_backend
+from harness.config import gpu_count as _gpu_count  # noqa: F401  (the tests ask api)
+from harness.contract import Unsupported
 from harness.deadlines import Deadlines, current_check
 from harness.fnref import fn_ref_of
-from harness.launch import forkserver_context
+from harness.jobguard import before_job
+from harness.joboutput import publish, set_output_sink
 from harness.outcomes import Outcome
 from harness.pool import PoolSettings, RankPool
 from harness.protocol import FnRef, Job
-from harness.rankwarnings import COLLECTED
+from harness.runner import pg_timeout_for
 from harness.shrinking import shrink_once
+from harness.transport import Transport
+from harness.transports import pipes
+from harness.transports.pipes import PipeTransport, start_forkserver
 from harness.verdicts import CollectiveDesync, CollectiveHang, failure_for
-from harness.worker import pg_timeout_for
-
-if TYPE_CHECKING:
-    from harness.attach.pool import AttachedPool
 
 __all__ = [
+    "BACKENDS",
     "HarnessConfig",
     "configure",
     "current_config",
+    "default_nproc",
     "lost_reason",
     "max_world_size",
     "pool_for",
     "resolve_backend",
     "run_on_ranks",
-    "set_job_guard",
     "set_output_sink",
     "shutdown",
     "take_unavailable_reason",
@@ -57,61 +54,12 @@ __all__ = [
     "world_sizes",
 ]
 
-BACKENDS = ("auto", "gloo", "nccl")
-OutputSink = Callable[[Sequence[Outcome]], None]
-
-
-def _gpu_count() -> int:
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def default_nproc() -> int:
-    """The default ``--nproc``: the number of GPUs if there are at least 2, else 4."""
-    gpus = _gpu_count()
-    return gpus if gpus >= 2 else 4
-
-
-@dataclass
-class HarnessConfig:
-    """Session-wide settings (the plugin fills them from the command line).
-
-    Args:
-        nproc: the largest world size a job may use (``--nproc``).
-        backend: ``auto``, ``gloo`` or ``nccl`` (``--backend``).
-        rank_timeout: the largest job deadline in seconds (``--rank-timeout``); jobs get
-            deadlines learned from their check's passing jobs below it.
-        strategy: the strategy factory, ``module:callable`` (``--strategy``).
-        strategy_options: ``--strategy-option`` values, passed in ``spec.extra``.
-        threads: torch intra-op threads per rank.
-        failure_grace: seconds the other ranks get to finish after one rank failed.
-        attach: the torchrun run this controller drives (attach mode), else ``None``.
-        shared_dir: where job directories go (``--shared-dir``; required on several nodes).
-        check_collectives: check every job's collectives across ranks
-            (``--check-collectives``); otherwise only a failed job's replay and the rest of
-            its check are checked (:mod:`harness.collectives`).
-    """
-
-    nproc: int = field(default_factory=default_nproc)
-    backend: str = "auto"
-    rank_timeout: float = 120.0
-    strategy: str = field(
-        default_factory=lambda: os.environ.get("SHARDCHECK_STRATEGY") or DEFAULT_FACTORY
-    )
-    strategy_options: dict[str, Any] = field(default_factory=dict)
-    threads: int = 1
-    failure_grace: float = 3.0
-    attach: AttachInfo | None = None
-    shared_dir: str | None = None
-    check_collectives: bool = False
-
 
 _config = HarnessConfig()
-_pools: dict[int, RankPool | AttachedPool] = {}
+_pools: dict[int, RankPool] = {}
 _root: str | None = None
 _job_ids = itertools.count(1)
 _last_job_id = 0
-_sink: OutputSink | None = None
-_guard: Callable[[], None] | None = None  # called before each job (the shrink budget)
 _unavailable: str | None = None  # why the last job was refused for its world size
 _deadlines = Deadlines(ceiling=_config.rank_timeout)
 _checked_check: str | None = None  # the check whose jobs run with collective checking
@@ -125,21 +73,7 @@ def configure(**changes: Any) -> HarnessConfig:
     """
     global _config
     new = replace(_config, **changes)
-    if new.nproc < 1:
-        raise ValueError(f"--nproc={new.nproc} must be at least 1.")
-    if new.backend not in BACKENDS:
-        raise ValueError(f"--backend={new.backend!r} is not one of {', '.join(BACKENDS)}.")
-    if not new.rank_timeout > 0:
-        raise ValueError(f"--rank-timeout={new.rank_timeout} must be a positive number of seconds.")
-    if new.attach is not None:
-        _check_attach(new)
-    elif new.backend == "nccl":
-        resolve_backend("nccl", new.nproc)
-    if new.shared_dir is not None and not os.path.isdir(new.shared_dir):
-        raise ValueError(
-            f"--shared-dir={new.shared_dir!r} is not a directory; create it on a filesystem "
-            "every node mounts at the same path."
-        )
+    new.check()
     shutdown()
     _config = new
     _reset_learning()
@@ -152,26 +86,6 @@ def _reset_learning() -> None:
     _checked_check = None
 
 
-def _check_attach(config: HarnessConfig) -> None:
-    info = config.attach
-    assert info is not None
-    if config.nproc != info.world_size:
-        raise ValueError(
-            f"--nproc={config.nproc} but torchrun started {info.world_size} ranks; in attach "
-            "mode the world size is torchrun's: drop --nproc or make them equal."
-        )
-    if info.nnodes > 1 and config.shared_dir is None:
-        raise ValueError(
-            f"attach mode across {info.nnodes} nodes needs --shared-dir DIR on a filesystem "
-            "every node mounts at the same path (checkpoint jobs write there)."
-        )
-    if config.backend == "nccl" and _gpu_count() < info.local_world_size:
-        raise ValueError(
-            f"--backend nccl needs one GPU per rank: {info.local_world_size} ranks on this node "
-            f"but {_gpu_count()} GPU(s) visible; use --backend gloo."
-        )
-
-
 def current_config() -> HarnessConfig:
     """The session settings in force."""
     return _config
@@ -179,82 +93,25 @@ def current_config() -> HarnessConfig:
 
 def max_world_size() -> int:
     """The largest world size this session may run (``--nproc``, or torchrun's size)."""
-    return _config.attach.world_size if _config.attach is not None else _config.nproc
+    return _config.max_world_size()
 
 
 def world_sizes() -> list[int]:
     """Every world size this session can run: ``1..--nproc``, or torchrun's one size."""
-    if _config.attach is not None:
-        return [_config.attach.world_size]
-    return list(range(1, _config.nproc + 1))
+    return _config.world_sizes()
 
 
 def unavailable_reason(world_size: int) -> str | None:
     """Why ``world_size`` cannot run in this session (``environment: ...``), or ``None``."""
-    if _config.attach is not None:
-        if world_size == _config.attach.world_size:
-            return None
-        return (
-            f"environment: needs world size {world_size} but this attach-mode run has "
-            f"torchrun's {_config.attach.world_size} ranks only; start torchrun with "
-            f"{world_size} ranks, or run it in local mode (--nproc {max(world_size, 2)})"
-        )
-    if world_size <= _config.nproc:
-        return None
-    return (
-        f"environment: needs world size {world_size} but --nproc is {_config.nproc}; "
-        f"run with --nproc {world_size} or more"
-    )
+    return _config.unavailable_reason(world_size)
 
 
 def lost_reason() -> str | None:
-    """In attach mode, why the run cannot go on (a rank is gone), else ``None``."""
+    """Why the run cannot go on (in attach mode, a rank is gone), else ``None``."""
     for pool in _pools.values():
-        lost = getattr(pool, "lost", None)
-        if lost:
-            return str(lost)
+        if pool.lost:
+            return pool.lost
     return None
-
-
-def set_output_sink(sink: OutputSink | None) -> OutputSink | None:
-    """Route each job's per-rank output to ``sink`` (the plugin's report sections).
-
-    Returns the previous sink. With no sink, output is written to this process's
-    stdout/stderr, each line prefixed with its rank.
-    """
-    global _sink
-    previous, _sink = _sink, sink
-    return previous
-
-
-def set_job_guard(guard: Callable[[], None] | None) -> Callable[[], None] | None:
-    """Call ``guard`` before each job is dispatched (the conformance plugin ends a Hypothesis
-    search whose shrink budget is spent, whatever the test's shape). Returns the previous."""
-    global _guard
-    previous, _guard = _guard, guard
-    return previous
-
-
-def resolve_backend(backend: str, world_size: int) -> str:
-    """``auto`` -> ``nccl`` when there is one GPU per rank, else ``gloo``.
-
-    Args:
-        backend: ``auto``, ``gloo`` or ``nccl``.
-        world_size: the ranks that need a GPU each on this machine (in attach mode, this
-            node's ranks).
-
-    Raises:
-        ValueError: ``nccl`` was asked for without one GPU per rank.
-    """
-    gpus = _gpu_count()
-    if backend == "auto":
-        return "nccl" if gpus >= world_size and torch.distributed.is_nccl_available() else "gloo"
-    if backend == "nccl" and gpus < world_size:
-        raise ValueError(
-            f"--backend nccl needs one GPU per rank: world size {world_size} but {gpus} GPU(s) "
-            "visible; use --backend gloo (CPU) or a smaller --nproc."
-        )
-    return backend
 
 
 def _session_root() -> str:
@@ -270,23 +127,25 @@ def _preload() -> tuple[str, ...]:
     return tuple(wanted)
 
 
-def pool_for(world_size: int) -> RankPool | AttachedPool:
-    """The session's pool for ``world_size`` (created, not started, on first use): a
-    :class:`RankPool`, or in attach mode the :class:`~harness.attach.pool.AttachedPool`."""
+def pool_for(world_size: int) -> RankPool:
+    """The session's pool for ``world_size`` (created, not started, on first use): local
+    ranks over pipes, or in attach mode torchrun's ranks over its store."""
     pool = _pools.get(world_size)
     if pool is not None:
         return pool
+    transport: Transport
     if _config.attach is not None:
-        from harness.attach.pool import AttachedPool
+        from harness.transports.store import StoreTransport
 
         # one GPU per local rank of the torchrun node (the backend is the same on every node)
         backend = resolve_backend(_config.backend, _config.attach.local_world_size)
-        pool = AttachedPool(_config.attach, _pool_settings(world_size, backend))
+        settings = _pool_settings(world_size, backend)
+        transport = StoreTransport(_config.attach)
     else:
         backend = resolve_backend(_config.backend, world_size)
         settings = _pool_settings(world_size, backend, preload=_preload())
-        pool = RankPool(settings, _session_root())
-    _pools[world_size] = pool
+        transport = PipeTransport(_session_root(), world_size)
+    pool = _pools[world_size] = RankPool(settings, transport)
     return pool
 
 
@@ -397,11 +256,10 @@ def run_on_ranks(
     deadline = _check_timeout(timeout, check, str(ref))
     blob = _pickle_args(args)
     pool = pool_for(size)
-    if _guard is not None:
-        _guard()
+    before_job()  # the conformance plugin's shrink budget
     checked = _use_checking(pool, check)
     outcomes, what = _run_job(pool, ref, blob, deadline, size)
-    if not checked and _worth_replaying(outcomes) and _can_check(pool):
+    if not checked and _worth_replaying(outcomes) and pool.can_check:
         _checked_check = check  # the replay and the rest of this check run checked
         _use_checking(pool, check)
         outcomes, what = _run_job(pool, ref, blob, deadline, size)
@@ -423,7 +281,7 @@ def jobs_dispatched() -> int:
 
 
 def _run_job(
-    pool: RankPool | AttachedPool, ref: FnRef, blob: bytes, deadline: float, size: int
+    pool: RankPool, ref: FnRef, blob: bytes, deadline: float, size: int
 ) -> tuple[list[Outcome], str]:
     global _last_job_id
     job_id = _last_job_id = next(_job_ids)
@@ -431,25 +289,17 @@ def _run_job(
     job = Job(ref, blob, deadline, tmp_dir, _config.strategy, dict(_config.strategy_options))
     what = f"job {job_id}: {ref} at world size {size}"
     try:
-        outcomes = pool.run(job, job_id, what)
+        outcomes = pool.run(job, job_id)
     finally:
         if os.path.isdir(tmp_dir):
             shutil.rmtree(tmp_dir, ignore_errors=True)
-    _publish(outcomes)
+    publish(outcomes)
     return outcomes, what
 
 
-def _can_check(pool: RankPool | AttachedPool) -> bool:
-    return isinstance(pool, RankPool)
-
-
-def _use_checking(pool: RankPool | AttachedPool, check: str) -> bool:
+def _use_checking(pool: RankPool, check: str) -> bool:
     """Put the pool in the checking mode this check needs; return whether it checks."""
-    want = _config.check_collectives or check == _checked_check
-    if isinstance(pool, RankPool):
-        pool.set_checking(want)
-        return want
-    return False
+    return pool.set_checking(_config.check_collectives or check == _checked_check)
 
 
 def _worth_replaying(outcomes: Sequence[Outcome]) -> bool:
@@ -465,27 +315,10 @@ def _worth_replaying(outcomes: Sequence[Outcome]) -> bool:
     )
 
 
-def _publish(outcomes: Sequence[Outcome]) -> None:
-    COLLECTED.add(outcomes)
-    for o in outcomes:
-        if o.late:
-            note_late(o.rank, o.late)
-    if not any(o.stdout or o.stderr or o.warnings for o in outcomes):
-        return
-    if _sink is not None:
-        _sink(outcomes)  # warnings: counted for the session's summary instead
-        return
-    for o in outcomes:
-        for text, stream in ((o.stdout, sys.stdout), (o.stderr + o.warnings, sys.stderr)):
-            for line in text.splitlines():
-                print(f"[rank {o.rank}] {line}", file=stream)
-
-
 def warm_up() -> None:
     """Start the forkserver now: it imports torch in the background, so the first pool
     starts sooner (the plugin calls this at start-up, while pytest collects)."""
-    forkserver_context(_preload())
-    multiprocessing.forkserver.ensure_running()
+    start_forkserver(_preload())
 
 
 def shutdown(stop_forkserver: bool = False) -> None:
@@ -503,20 +336,7 @@ def shutdown(stop_forkserver: bool = False) -> None:
         shutil.rmtree(_root, ignore_errors=True)
         _root = None
     if stop_forkserver:
-        _stop_forkserver()
-
-
-def _stop_forkserver() -> None:
-    """Stop multiprocessing's forkserver at once, even while it still imports torch."""
-    server = getattr(multiprocessing.forkserver, "_forkserver", None)
-    pid = getattr(server, "_forkserver_pid", None)
-    if server is None or pid is None or not hasattr(server, "_stop"):
-        return
-    try:
-        os.kill(pid, signal.SIGKILL)  # no rank is left (pools stopped); nothing to wait for
-    except ProcessLookupError:
-        pass
-    server._stop()
+        pipes.stop_forkserver()
 
 
 atexit.register(shutdown, stop_forkserver=True)

@@ -6,6 +6,10 @@ later ones, empty-job dispatch overhead at world sizes 1, 2 and 4, a tiny FSDP2 
 (2 Linear layers, ``fully_shard``, 2 AdamW steps) through the pool against spawning fresh
 processes per run, and resident memory growth per rank over ``--soak`` runs. Job times are
 medians of many runs.
+
+Under attach mode (``torchrun --nproc-per-node 4 -m harness.attach -- python -m harness.bench``)
+it measures what such a run can: forming the process group on torchrun's ranks and the
+empty-job round trip through torchrun's store at its world size.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ import torch.distributed as dist
 
 from harness import api
 from harness.api import pool_for, run_on_ranks
+from harness.attach.session import info_from_env
 from harness.context import RankContext
-from harness.launch import forkserver_context
+from harness.transports.pipes import forkserver_context
 from harness.warmup import tiny_fsdp2_step
 
 __all__ = ["main", "tiny_fsdp2_step"]
@@ -114,10 +119,7 @@ def measure(runs: int, fsdp_runs: int, spawn_runs: int, soak: int) -> dict[str, 
     out["first_job_s"], _ = _timed(lambda: run_on_ranks(fsdp_job, world_size=4))
     for ws in (1, 2, 4):
         pool_for(ws).start()
-        for _ in range(10):
-            run_on_ranks(empty_job, world_size=ws)
-        samples = [_timed(partial(run_on_ranks, empty_job, world_size=ws))[0] for _ in range(runs)]
-        out[f"empty_job_ms_ws{ws}"] = _median_ms(samples)
+        out[f"empty_job_ms_ws{ws}"] = _empty_job_ms(ws, runs)
     trips, inside = [], []
     for _ in range(fsdp_runs):
         trip, per_rank = _timed(lambda: run_on_ranks(fsdp_job, world_size=4))
@@ -139,6 +141,22 @@ def measure(runs: int, fsdp_runs: int, spawn_runs: int, soak: int) -> dict[str, 
         out["soak_runs"] = soak
         out["rss_growth_mb"] = max(a - b for a, b in zip(after, before, strict=True))
         out["rss_mb_after"] = after
+    return out
+
+
+def _empty_job_ms(world_size: int, runs: int) -> float:
+    """Median round trip of an empty job at ``world_size`` (after 10 unmeasured ones)."""
+    for _ in range(10):
+        run_on_ranks(empty_job, world_size=world_size)
+    job = partial(run_on_ranks, empty_job, world_size=world_size)
+    return _median_ms([_timed(job)[0] for _ in range(runs)])
+
+
+def measure_attached(runs: int) -> dict[str, Any]:
+    """Attach mode: form the process group on torchrun's ranks, then time empty jobs."""
+    size = api.max_world_size()
+    out: dict[str, Any] = {"attach_world_size": size, "pool_start_s": pool_for(size).start()}
+    out[f"empty_job_ms_ws{size}"] = _empty_job_ms(size, runs)
     return out
 
 
@@ -206,6 +224,19 @@ def report(figures: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def report_attached(figures: dict[str, Any]) -> str:
+    """The attach-mode figures as lines."""
+    size = figures["attach_world_size"]
+    return "\n".join(
+        [
+            f"{'attach mode: form the process group, ' + str(size) + ' ranks':<46} "
+            f"{figures['pool_start_s']:10.3f} s",
+            f"{'attach mode: empty job, world size ' + str(size) + ' (median)':<46} "
+            f"{figures[f'empty_job_ms_ws{size}']:10.3f} ms",
+        ]
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(
@@ -224,13 +255,20 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be at least 1")
     if args.soak < 0:
         parser.error(f"--soak={args.soak} must be 0 (skip) or more")
-    api.configure(backend="gloo", nproc=max(4, api.current_config().nproc))
+    attach = info_from_env()
+    if attach is not None:
+        api.configure(backend="gloo", nproc=attach.world_size, attach=attach)
+    else:
+        api.configure(backend="gloo", nproc=max(4, api.current_config().nproc))
     try:
-        figures = measure(args.runs, args.fsdp_runs, args.spawn_runs, args.soak)
+        if attach is not None:
+            figures = measure_attached(args.runs)
+        else:
+            figures = measure(args.runs, args.fsdp_runs, args.spawn_runs, args.soak)
     finally:
-        api.shutdown(stop_forkserver=True)
+        api.shutdown(stop_forkserver=attach is None)
     print(f"shardcheck pool benchmark (torch {torch.__version__}, {os.cpu_count()} CPUs, gloo)")
-    print(report(figures))
+    print(report_attached(figures) if attach is not None else report(figures))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=2)

@@ -15,11 +15,14 @@ import re
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from harness.attribution import tag
 from harness.collectives import Collective
-from harness.protocol import ErrorReport, Result
+from harness.protocol import ERROR, RESULT, ErrorReport, Result
+
+if TYPE_CHECKING:
+    from harness.transport import Reply
 
 __all__ = [
     "Outcome",
@@ -28,6 +31,7 @@ __all__ = [
     "RemoteError",
     "format_story",
     "outcome_from_error",
+    "outcome_from_reply",
     "outcome_from_result",
     "tidy_stacks",
 ]
@@ -276,4 +280,29 @@ def outcome_from_result(rank: int, result: Result, elapsed: float) -> Outcome:
     outcome.warning_records = result.warning_records
     outcome.collective_error = result.collective_error
     outcome.late = result.late
+    return outcome
+
+
+def outcome_from_reply(reply: Reply, kinds: tuple[str, ...], elapsed: float) -> Outcome | None:
+    """The outcome a rank's reply tells: an error, a result, another of ``kinds`` (``ok``
+    with its payload), or a crash; ``None`` for an event of another kind (a late reply)."""
+    event = reply.event
+    if event is None:
+        outcome = Outcome(
+            reply.rank,
+            "crashed",
+            exitcode=reply.exitcode,
+            detail=reply.detail,
+            elapsed=elapsed,
+            stacks=tidy_stacks(reply.stacks),
+        )
+    elif event.kind == ERROR:
+        outcome = outcome_from_error(reply.rank, event.payload, elapsed)
+    elif event.kind not in kinds:
+        return None
+    elif event.kind == RESULT:
+        outcome = outcome_from_result(reply.rank, event.payload, elapsed)
+    else:
+        outcome = Outcome(reply.rank, "ok", value=event.payload, elapsed=elapsed)
+    outcome.stdout, outcome.stderr = reply.stdout, reply.stderr
     return outcome

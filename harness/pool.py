@@ -1,61 +1,42 @@
-"""A pool of persistent rank processes: start, dispatch a job, wait, heal.
+"""The rank pool of one world size: dispatch a job, wait with deadlines, check health, heal.
 
-One :class:`RankPool` per world size. Ranks are forked from a forkserver with torch
-preloaded (:mod:`harness.launch`) and rendezvous through a ``TCPStore`` on port 0 that the
-controller owns. Every wait goes through ``multiprocessing.connection.wait`` on the ranks'
-pipes *and* process sentinels with a deadline, so a crashed rank is noticed at once and a
-hung one at the deadline.
+:class:`RankPool` is the policy, written once; a :class:`~harness.transport.Transport` carries
+it out (local ranks over pipes, or torchrun's ranks over its store; see the README's
+"Architecture"). A job is sent to every rank, and the replies are polled until every rank
+answered or the cutoff passed: the job's deadline, brought forward when a rank fails (the
+others get ``failure_grace``) or, where ranks can be replaced, when a rank finished and the
+others linger (:func:`lonely_grace`) or all sit stalled in collectives
+(:mod:`harness.stall`). A rank still inside the job then is ``hung``.
 
-Healing (see ``DESIGN.md``): after a rank raised, a health check compares cross-rank state
-and runs a short barrier; after a crash or a hang, every live rank dumps its Python stacks,
-each rank's process group is killed, and the pool starts again on the next job.
+Healing: after a rank raised, a health check compares cross-rank state and runs a short
+barrier; when it fails (or a collective did) the pool ends the generation of ranks or of
+their process group. After a crash or a hang, the hung ranks' stacks are dumped first. The
+next generation starts with the next job, or at once where the transport cannot replace
+ranks. What cannot heal makes the pool *lost*: every later job raises :class:`PoolLost`
+(the plugin then ends the session, so the report is still written).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, replace
-from datetime import timedelta
-from multiprocessing.connection import Connection, wait
-from typing import Any
-
-import torch.distributed as dist
 
 from harness.collectives import waiting_collective
-from harness.flight import last_collectives, trace_prefix
-from harness.fnref import rewritten_modules
-from harness.launch import forkserver_context, kill_rank, spawn_rank
-from harness.outcomes import (
-    Outcome,
-    format_story,
-    outcome_from_error,
-    outcome_from_result,
-    tidy_stacks,
-)
-from harness.protocol import (
-    BARRIER,
-    ERROR,
-    HEALTHY,
-    READY,
-    RESULT,
-    STATE,
-    STOP,
-    Command,
-    Event,
-    Job,
-    decode,
-    encode,
-)
-from harness.rankfiles import RankFiles
+from harness.outcomes import Outcome, format_story, outcome_from_reply, tidy_stacks
+from harness.protocol import BARRIER, ERROR, HEALTHY, JOB, READY, RESULT, STATE, Command, Job
+from harness.runner import pg_timeout_for
 from harness.stall import StallProbe
-from harness.worker import STACK_SIGNAL, WorkerSpec, pg_timeout_for
+from harness.transport import RanksUnreachable, StackDump, Transport
 
-__all__ = ["PoolSettings", "PoolStartError", "RankPool", "lonely_grace"]
+__all__ = ["PoolLost", "PoolSettings", "PoolStartError", "RankPool", "lonely_grace"]
 
 
 class PoolStartError(RuntimeError):
     """The ranks could not form a process group (each rank's story is in the message)."""
+
+
+class PoolLost(RuntimeError):
+    """The pool cannot run jobs any more (the message says why): the session must end."""
 
 
 @dataclass(frozen=True)
@@ -104,162 +85,152 @@ def lonely_grace(least: float, finished_after: float) -> float:
 
 
 class RankPool:
-    """Persistent rank processes for one world size.
+    """The ranks of one world size, reached through ``transport``.
 
     Args:
         settings: see :class:`PoolSettings`.
-        root: directory for the pool's per-rank output and stack files.
+        transport: how the ranks are started and reached (its ``world_size`` must match).
+
+    Raises:
+        ValueError: the transport has another number of ranks than ``settings.world_size``.
     """
 
-    def __init__(self, settings: PoolSettings, root: str) -> None:
+    def __init__(self, settings: PoolSettings, transport: Transport) -> None:
+        if transport.world_size != settings.world_size:
+            raise ValueError(
+                f"a pool of world size {settings.world_size} cannot run on the "
+                f"{transport.world_size} {transport.name} ranks; make the two equal."
+            )
         self.settings = settings
-        self.root = root
+        self.transport = transport
         self.generation = 0
-        self.procs: list[Any] = []
-        self.conns: list[Connection] = []
-        self._lives: list[Connection] = []
-        self._store: Any = None
-        self.files = RankFiles(os.path.join(root, f"ws{settings.world_size}-g0"), 0)
-        self._rewrite: dict[str, str] = {}
+        self.started = False
+        self.lost: str | None = None
         self.respawns = 0
 
     @property
-    def started(self) -> bool:
-        """Whether the ranks are up (a killed pool starts again on the next job)."""
-        return bool(self.procs)
+    def pids(self) -> list[int]:
+        """The rank processes' pids on this machine, index = rank (empty when none)."""
+        return self.transport.pids
 
     @property
-    def pids(self) -> list[int]:
-        """The rank processes' pids, index = rank (empty when not started)."""
-        return [p.pid for p in self.procs]
+    def can_check(self) -> bool:
+        """Whether jobs can run with collective checking (it is installed per process, so
+        only where the transport starts fresh ranks)."""
+        return self.transport.replaces_ranks
 
-    def set_checking(self, on: bool) -> None:
-        """Check collectives from the next job on (or stop): the ranks start again."""
+    def set_checking(self, on: bool) -> bool:
+        """Check collectives from the next job on (or stop; the ranks start again); return
+        whether the next job checks them."""
+        if not self.can_check:
+            return False
         if self.settings.check_collectives != on:
-            if self.started:
-                self.kill()
+            self.kill()
             self.settings = replace(self.settings, check_collectives=on)
+        return on
+
+    def _check_usable(self) -> None:
+        if self.lost is not None:
+            raise PoolLost(self.lost)
 
     def start(self) -> float:
-        """Start the ranks and wait until all joined; return the seconds it took."""
-        began = time.monotonic()
+        """Start a generation and wait until every rank joined; return the seconds it took
+        (0 when the ranks are up already).
+
+        Raises:
+            PoolStartError: a rank could not join (when the transport cannot replace ranks,
+                the pool is lost as well).
+            PoolLost: the pool was lost before.
+        """
+        self._check_usable()
         if self.started:
             return 0.0
+        began = time.monotonic()
         self.generation += 1
-        ws = self.settings.world_size
-        self.files = RankFiles(os.path.join(self.root, f"ws{ws}-g{self.generation}"), ws)
-        context = forkserver_context(self.settings.preload)
-        self._store = dist.TCPStore(
-            "127.0.0.1",
-            0,
-            None,
-            True,
-            wait_for_workers=False,
-            timeout=timedelta(seconds=self.settings.start_timeout),
-        )
-        self._rewrite = rewritten_modules()
-        for rank in range(self.settings.world_size):
-            self._spawn(context, rank)
+        settings = self.settings
+        if self.generation > 1:
+            settings = replace(settings, warm_up=False)  # a respawn heals fast; warm once
         try:
-            self._wait_ready(began + self.settings.start_timeout)
+            token = self.transport.start(self.generation, settings)
         except BaseException:
-            self.kill()
+            self.kill()  # ranks started before the failure must not linger
             raise
+        outcomes = self._wait(token, began, began + settings.start_timeout, (READY,), None)
+        if not all(o.ok for o in outcomes):
+            n, name = self.settings.world_size, self.transport.name
+            story = format_story(
+                outcomes, f"forming process group {self.generation} of {n} {name} ranks failed"
+            )
+            self._end_failed(token, outcomes, None if self.transport.replaces_ranks else story)
+            raise PoolStartError(story)
+        self.transport.done(token, outcomes)
+        self.started = True
+        if self.generation > 1:
+            self.respawns += 1
         return time.monotonic() - began
 
-    def _spawn(self, context: Any, rank: int) -> None:
-        s = self.settings
-        spec = WorkerSpec(
-            rank,
-            s.world_size,
-            s.backend,
-            self._store.port,
-            s.pg_timeout,
-            s.threads,
-            self.files.path(rank, "stdout"),
-            self.files.path(rank, "stderr"),
-            self.files.path(rank, "stacks"),
-            self._rewrite,
-            s.warm_up and self.generation == 1,  # a respawn heals fast; warm once
-            s.check_collectives,
-        )
-        proc, conn, life = spawn_rank(context, spec)
-        self.procs.append(proc)
-        self.conns.append(conn)
-        self._lives.append(life)
-
-    def _wait_ready(self, deadline: float) -> None:
-        outcomes = self._gather(0, time.monotonic(), deadline, kinds=(READY,), grace=None)
-        if all(o.ok for o in outcomes):
-            return
-        self._finish_failed(outcomes)
-        what = f"starting the pool of {self.settings.world_size} ranks failed"
-        raise PoolStartError(format_story(outcomes, what))
-
-    def run(self, job: Job, job_id: int, what: str) -> list[Outcome]:
+    def run(self, job: Job, job_id: int) -> list[Outcome]:
         """Run one job on every rank and return the outcomes (the pool heals itself).
 
         Args:
             job: the job; ``job.timeout`` is its deadline in seconds.
             job_id: the job's id, carried by every message.
-            what: how failure messages name the job.
+
+        Raises:
+            PoolLost: the pool was lost before this job, or while it ran (the store is gone).
         """
-        if self.started and any(p.exitcode is not None for p in self.procs):
-            self.kill()  # a rank died between jobs: start afresh rather than blame this job
-        if not self.started:
-            self.start()
-        data = encode(Command("job", job_id, job))
-        began = time.monotonic()
+        self._check_usable()
         try:
-            for conn in self.conns:
-                try:
-                    conn.send_bytes(data)
-                except OSError:
-                    pass  # the rank is gone; its sentinel tells the story
-            outcomes = self._gather(
-                job_id, began, began + job.timeout, (RESULT, ERROR), self.settings.failure_grace
-            )
-        except BaseException:
-            self.kill()  # interrupted (Ctrl-C, pytest-timeout): ranks are mid-job
-            raise
-        self._heal(outcomes, job_id)
+            if self.started and not self.transport.alive():
+                self.kill()  # a rank died between jobs: start afresh rather than blame this job
+            self.start()
+            began = time.monotonic()
+            token = self.transport.send(Command(JOB, job_id, job))
+            grace = self.settings.failure_grace
+            outcomes = self._wait(token, began, began + job.timeout, (RESULT, ERROR), grace)
+            self._heal(token, outcomes, job_id)
+        except RanksUnreachable as exc:
+            self.lost = str(exc)
+            raise PoolLost(self.lost) from None
         return outcomes
 
-    def _gather(
-        self,
-        job_id: int,
-        began: float,
-        deadline: float,
-        kinds: tuple[str, ...],
-        grace: float | None,
+    def _wait(
+        self, token: int, began: float, deadline: float, kinds: tuple[str, ...], grace: float | None
     ) -> list[Outcome]:
-        n = self.settings.world_size
-        outcomes: list[Outcome | None] = [None] * n
-        owner: dict[Any, int] = {}
-        for rank, (conn, proc) in enumerate(zip(self.conns, self.procs, strict=True)):
-            owner[conn] = owner[proc.sentinel] = rank
+        """:meth:`_gather`, ending the generation when interrupted (Ctrl-C, pytest-timeout)."""
+        try:
+            return self._gather(token, began, deadline, kinds, grace)
+        except RanksUnreachable:
+            raise
+        except BaseException:
+            self.kill(token)  # the ranks are inside the command: they start again
+            raise
+
+    def _gather(
+        self, token: int, began: float, deadline: float, kinds: tuple[str, ...], grace: float | None
+    ) -> list[Outcome]:
+        """Every rank's outcome of command ``token``: its reply of one of ``kinds`` (or an
+        error), a crash, or ``hung`` when the cutoff passed first. ``grace`` (jobs only)
+        brings the cutoff forward once a rank is out."""
+        outcomes: list[Outcome | None] = [None] * self.settings.world_size
         cutoff, why = deadline, f"still running at the deadline ({deadline - began:.1f} s)"
         probe = self._probe(began, grace)
         while None in outcomes:
             now = time.monotonic()
-            remaining = cutoff - now
-            if remaining <= 0:
+            if now >= cutoff:
                 break
+            pending = [rank for rank, o in enumerate(outcomes) if o is None]
             if probe is not None and now >= probe.next_at:
-                if self._stalled(probe, outcomes):
+                if self._stalled(probe, token, pending):
                     why = f"stuck in a collective: no progress in {probe.every:.0f} s"
                     break
                 continue
-            waiting = [obj for obj, rank in owner.items() if outcomes[rank] is None]
-            timeout = remaining if probe is None else min(remaining, probe.next_at - now)
-            for obj in wait(waiting, max(0.0, timeout)):
-                rank = owner[obj]
-                if outcomes[rank] is not None:
+            timeout = cutoff - now if probe is None else min(cutoff, probe.next_at) - now
+            for reply in self.transport.poll(token, pending, timeout):
+                outcome = outcome_from_reply(reply, kinds, time.monotonic() - began)
+                if outcome is None or outcomes[reply.rank] is not None:
                     continue
-                outcome = self._receive(rank, obj, job_id, kinds, began)
-                if outcome is None:
-                    continue
-                outcomes[rank] = outcome
+                outcomes[reply.rank] = outcome
                 if grace is not None and None in outcomes:
                     probe = None  # some rank is out: the grace, not stall sampling, decides
                     seconds, reason = self._grace(outcome, grace)
@@ -272,85 +243,76 @@ class RankPool:
 
     def _probe(self, began: float, grace: float | None) -> StallProbe | None:
         s = self.settings
-        if grace is None or s.stall_after <= 0:
-            return None  # not a job (start, health check)
+        if grace is None or s.stall_after <= 0 or not self.transport.replaces_ranks:
+            return None  # not a job (start, health check), or its ranks cannot be ended early
         return StallProbe(began + s.stall_after, s.stall_every)
 
-    def _stalled(self, probe: StallProbe, outcomes: list[Outcome | None]) -> bool:
+    def _stalled(self, probe: StallProbe, token: int, ranks: list[int]) -> bool:
         """Sample the stacks of the ranks still in the job: all stuck in collectives?"""
-        ranks = [r for r, o in enumerate(outcomes) if o is None]
-        if any(self.procs[r].exitcode is not None for r in ranks):
-            probe.next_at = time.monotonic() + probe.every  # a dead rank: its sentinel tells
-            return False
-        for rank in ranks:
-            try:
-                os.kill(self.procs[rank].pid, STACK_SIGNAL)
-            except ProcessLookupError:
-                pass
-        stacks = self.files.collect_stacks(ranks)
-        return probe.sample(time.monotonic(), stacks, self.pids)
+        dumps = self.transport.dump_stacks(token, ranks)
+        stacks = {rank: dump.stacks for rank, dump in dumps.items()}
+        return probe.sample(time.monotonic(), stacks, self.transport.pids)
 
     def _grace(self, outcome: Outcome, grace: float) -> tuple[float, str]:
         """How long the ranks still inside the job may take after ``outcome``, and why."""
         if not outcome.ok:
             why = f"rank {outcome.rank} {outcome.kind} (the job had already failed)"
             return grace, f"still running {grace:.1f} s after {why}"
+        if not self.transport.replaces_ranks:
+            return float("inf"), ""  # its ranks leave a job by themselves: the deadline decides
         seconds = lonely_grace(self.settings.lonely_grace, outcome.elapsed)
         return seconds, f"still inside the job {seconds:.1f} s after rank {outcome.rank} finished"
 
-    def _receive(
-        self, rank: int, obj: Any, job_id: int, kinds: tuple[str, ...], began: float
-    ) -> Outcome | None:
-        conn = self.conns[rank]
-        if obj is not conn:
-            if conn.poll():
-                return None  # read the last message first; the sentinel stays ready
-            return self._crashed(rank, began)
-        try:
-            event: Event = decode(conn.recv_bytes())
-        except (EOFError, OSError):
-            return self._crashed(rank, began)
-        if event.job_id != job_id or event.kind not in (*kinds, ERROR):
-            return None  # a late reply to an older job
-        elapsed = time.monotonic() - began
-        if event.kind == ERROR:
-            return outcome_from_error(rank, event.payload, elapsed)
-        if event.kind == RESULT:
-            return outcome_from_result(rank, event.payload, elapsed)
-        return Outcome(rank, "ok", value=event.payload, elapsed=elapsed)
-
-    def _crashed(self, rank: int, began: float) -> Outcome:
-        elapsed = time.monotonic() - began
-        proc = self.procs[rank]
-        proc.join(timeout=2.0)
-        return Outcome(
-            rank,
-            "crashed",
-            exitcode=proc.exitcode,
-            elapsed=elapsed,
-            stacks=tidy_stacks(self.files.new_stacks(rank)),
-        )
-
-    def _heal(self, outcomes: list[Outcome], job_id: int) -> None:
-        self._read_traces(outcomes)
+    def _heal(self, token: int, outcomes: list[Outcome], job_id: int) -> None:
         kinds = {o.kind for o in outcomes}
         if kinds & {"crashed", "hung"}:
-            self._finish_failed(outcomes)
+            crashed = [o.rank for o in outcomes if o.kind == "crashed"]
+            lost = None
+            if crashed and not self.transport.replaces_ranks:
+                lost = (
+                    f"rank(s) {crashed} crashed or went silent during job {job_id}; "
+                    f"{self.transport.name} ranks cannot be replaced inside a run, so the run "
+                    "ends here"
+                )
+            self._end_failed(token, outcomes, lost)
+            self._reform()
             return
-        self.files.read_output(outcomes)
+        self.transport.done(token, outcomes)
         if "raised" not in kinds:
             return
         if any(o.error and o.error.is_distributed for o in outcomes) or not self.healthy(job_id):
             self.kill()
+            self._reform()
 
-    def _read_traces(self, outcomes: list[Outcome]) -> None:
-        """NCCL: each failed rank's last collectives, from its flight-recorder dump."""
-        if self.settings.backend != "nccl":
+    def _end_failed(self, token: int, outcomes: list[Outcome], lost: str | None) -> None:
+        """After a crash or a hang: dump the hung ranks' stacks, end the generation.
+
+        Args:
+            lost: why the pool cannot go on, if known already (the hung ranks are then not
+                waited for).
+        """
+        hung = [o for o in outcomes if o.kind == "hung"]
+        dumps = self.transport.dump_stacks(token, [o.rank for o in hung]) if hung else {}
+        for outcome in hung:
+            dump = dumps.get(outcome.rank, StackDump(""))
+            stacks = tidy_stacks(dump.stacks)
+            outcome.stacks = stacks or "(no stack dump arrived)"
+            outcome.collective = waiting_collective(stacks)
+            outcome.stdout, outcome.stderr = dump.stdout, dump.stderr
+        late = [] if lost else [o.rank for o in hung]
+        self.lost = self.transport.recover(token, late) or lost
+        self.started = False
+        self.transport.done(token, outcomes)
+
+    def _reform(self) -> None:
+        """Start the next generation now where ranks cannot be replaced, so a rank that
+        cannot rejoin ends the run before the next test; else the next job starts it."""
+        if self.transport.replaces_ranks or self.lost is not None:
             return
-        prefix = trace_prefix(self.files.directory)
-        for outcome in outcomes:
-            if not outcome.ok:
-                outcome.trace = last_collectives(f"{prefix}{outcome.rank}")
+        try:
+            self.start()
+        except PoolStartError:
+            pass  # self.lost holds the story; the next job raises PoolLost
 
     def healthy(self, job_id: int) -> bool:
         """Whether every rank reports the same state and passes a short barrier."""
@@ -363,68 +325,20 @@ class RankPool:
         return self._ask(barrier, (HEALTHY,), began + limit) is not None
 
     def _ask(
-        self,
-        command: Command,
-        kinds: tuple[str, ...],
-        deadline: float,
+        self, command: Command, kinds: tuple[str, ...], deadline: float
     ) -> list[Outcome] | None:
-        data = encode(command)
-        try:
-            for conn in self.conns:
-                conn.send_bytes(data)
-            outcomes = self._gather(command.job_id, time.monotonic(), deadline, kinds, None)
-        except OSError:
-            return None
+        token = self.transport.send(command)
+        outcomes = self._gather(token, time.monotonic(), deadline, kinds, None)
+        self.transport.done(token, outcomes)
         return outcomes if all(o.ok for o in outcomes) else None
 
-    def _finish_failed(self, outcomes: list[Outcome]) -> None:
-        """After a crash or hang: dump live ranks' stacks, kill every rank, read output."""
-        stacks = self._dump_stacks()
-        for outcome in outcomes:
-            if outcome.kind == "hung":
-                dump = tidy_stacks(stacks.get(outcome.rank, ""))
-                outcome.stacks = dump or "(no stack dump arrived)"
-                outcome.collective = waiting_collective(dump)
-        self.kill()
-        self.files.read_output(outcomes)
-
-    def _dump_stacks(self) -> dict[int, str]:
-        live = [r for r, p in enumerate(self.procs) if p.exitcode is None]
-        for rank in live:
-            try:
-                os.kill(self.procs[rank].pid, STACK_SIGNAL)
-            except ProcessLookupError:
-                pass
-        return self.files.collect_stacks(live)
-
-    def kill(self) -> None:
-        """Kill every rank with its process group (children included) and forget them."""
-        for proc in self.procs:
-            kill_rank(proc.pid)
-        self._close(join_timeout=5.0)
+    def kill(self, token: int | None = None) -> None:
+        """End the current generation (local ranks are killed with everything they started;
+        torchrun's leave ``token``); the next job starts a new one."""
+        self.lost = self.lost or self.transport.recover(token, [])
+        self.started = False
 
     def stop(self, timeout: float = 3.0) -> None:
-        """Ask the ranks to leave the process group and exit; kill those that do not."""
-        if not self.started:
-            return
-        data = encode(Command(STOP, 0))
-        for conn in self.conns:
-            try:
-                conn.send_bytes(data)
-            except OSError:
-                pass
-        deadline = time.monotonic() + timeout
-        for proc in self.procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
-        self.kill()
-
-    def _close(self, join_timeout: float) -> None:
-        deadline = time.monotonic() + join_timeout
-        for proc in self.procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
-        for conn in (*self.conns, *self._lives):
-            conn.close()
-        if self.procs:
-            self.respawns += 1
-        self.procs, self.conns, self._lives = [], [], []
-        self._store = None
+        """Ask the ranks to leave the process group and exit; end those that do not."""
+        self.transport.close(timeout)
+        self.started = False

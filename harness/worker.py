@@ -6,70 +6,32 @@ everything it started), points stdout/stderr at per-rank files, arms ``faulthand
 signals and ``SIGUSR1`` dump Python stacks to a per-rank file), joins the default process
 group through the controller's store, and then serves :mod:`harness.protocol` commands.
 A watchdog thread kills the rank's process group when the controller's end of the life
-pipe closes, so a dead controller never leaves ranks behind.
+pipe closes, so a dead controller never leaves ranks behind. The controller's side is
+:mod:`harness.transports.pipes`; the commands are run by :class:`harness.runner.JobRunner`.
 """
 
 from __future__ import annotations
 
 import faulthandler
 import os
-import pickle
 import signal
 import threading
-import time
-import traceback
-import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import Connection
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from harness.attribution import clause_of, take_late_violations
-from harness.collectives import CollectiveLog, install_checking, set_checked_timeout
-from harness.context import RankContext
-from harness.flight import flight_recorder_environ, trace_prefix
-from harness.fnref import install_rewriting, resolve_fn
-from harness.isolation import (
-    Baseline,
-    OutputCapture,
-    capture_warnings,
-    cross_rank_state,
-    format_warnings,
-    warning_records,
-)
-from harness.protocol import (
-    BARRIER,
-    ERROR,
-    HEALTHY,
-    JOB,
-    READY,
-    RESULT,
-    STATE,
-    STOP,
-    Command,
-    ErrorReport,
-    Event,
-    Job,
-    Result,
-    decode,
-    encode,
-)
+from harness.collectives import install_checking
+from harness.flight import trace_prefix
+from harness.fnref import install_rewriting
+from harness.isolation import OutputCapture
+from harness.protocol import ERROR, READY, STOP, Command, Event, decode, encode
 from harness.rankcoverage import rank as rank_coverage
-from harness.warmup import tiny_fsdp2_step
+from harness.runner import JobRunner, join_process_group, report_error, warm_up_rank
 
-__all__ = [
-    "JobRunner",
-    "WorkerSpec",
-    "join_process_group",
-    "launcher_environ",
-    "pg_timeout_for",
-    "report_error",
-    "warm_up_rank",
-    "worker_main",
-]
+__all__ = ["STACK_SIGNAL", "WorkerSpec", "launcher_environ", "worker_main"]
 
 STACK_SIGNAL = signal.SIGUSR1
 
@@ -106,11 +68,6 @@ class WorkerSpec:
     rewrite: dict[str, str] = field(default_factory=dict)
     warm_up: bool = True
     check_collectives: bool = False
-
-
-def pg_timeout_for(deadline: float) -> float:
-    """A process-group timeout safely below the job deadline."""
-    return max(0.5, deadline - max(1.0, 0.1 * deadline))
 
 
 def worker_main(spec: WorkerSpec, conn: Connection, life: Connection) -> None:
@@ -216,219 +173,8 @@ def launcher_environ(rank: int, world_size: int) -> dict[str, str]:
     }
 
 
-def join_process_group(
-    backend: str,
-    store: Any,
-    rank: int,
-    world_size: int,
-    pg_timeout: float,
-    device: torch.device,
-    trace: str | None = None,
-) -> None:
-    """Initialize the default process group through ``store`` (NCCL binds ``device``).
-
-    With NCCL and ``trace`` (a file prefix), torch's flight recorder keeps the rank's last
-    collectives and dumps them there on a timeout (:mod:`harness.flight`).
-
-    With NCCL, a collective that outlives the process group's timeout (set below each job's
-    deadline) must raise in the job rather than tear the process down (NCCL's default, and
-    torchrun's setting): blocking waits raise on timeout, and the watchdog only aborts the
-    communicator. A torn-down rank is a crash the local pool heals by respawning, but attach
-    mode cannot replace it.
-    """
-    kwargs: dict[str, Any] = {}
-    if backend == "nccl":
-        kwargs["device_id"] = device
-        os.environ["TORCH_NCCL_BLOCKING_WAIT"] = "1"
-        os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"
-        if trace is not None:
-            os.environ.update(flight_recorder_environ(trace))
-    dist.init_process_group(
-        backend,
-        store=store,
-        rank=rank,
-        world_size=world_size,
-        timeout=timedelta(seconds=pg_timeout),
-        **kwargs,
-    )
-
-
-def warm_up_rank(device: torch.device) -> None:
-    """One tiny FSDP2 step (first-use costs paid before the first job), then a barrier."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        tiny_fsdp2_step(device)
-    dist.barrier()
-
-
-class JobRunner:
-    """Runs the commands of one rank inside an initialized default process group.
-
-    Shared by the local pool's ranks (pipes) and attach mode's ranks (the torchrun store).
-
-    Args:
-        rank: this rank.
-        world_size: the world size.
-        backend: the process-group backend.
-        device: this rank's device.
-        capture: where this rank's stdout/stderr go (emptied per job).
-        pg_timeout: the process group's timeout in seconds now (set per job later).
-        checked: whether the process groups check collectives (:mod:`harness.collectives`).
-    """
-
-    def __init__(
-        self,
-        rank: int,
-        world_size: int,
-        backend: str,
-        device: torch.device,
-        capture: OutputCapture,
-        pg_timeout: float,
-        checked: bool = False,
-    ) -> None:
-        self.rank = rank
-        self.world_size = world_size
-        self.backend = backend
-        self.device = device
-        self.capture = capture
-        self.pg_timeout = pg_timeout
-        self.baseline = Baseline()
-        self.current_job = 0
-        self.checked = checked
-        self.log = CollectiveLog()
-        self.log.attach()
-
-    def handle(self, command: Command) -> Event:
-        """Answer one ``job``, ``state`` or ``barrier`` command."""
-        if command.kind == JOB:
-            return self.run_job(command)
-        if command.kind == STATE:
-            return self.state(command)
-        if command.kind == BARRIER:
-            return self.barrier(command)
-        raise ValueError(f"unknown command {command.kind!r} (job {command.job_id})")
-
-    def _set_pg_timeout(self, seconds: float) -> None:
-        if seconds != self.pg_timeout and dist.is_initialized():
-            if self.checked:
-                set_checked_timeout(seconds)
-            else:
-                dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds))
-            self.pg_timeout = seconds
-
-    def run_job(self, command: Command) -> Event:
-        """Run one job with isolation, output capture and a picklable reply."""
-        job: Job = command.payload
-        self.capture.start_job()
-        ctx = RankContext(
-            rank=self.rank,
-            world_size=self.world_size,
-            device=self.device,
-            backend=self.backend,
-            job_dir=job.tmp_dir,
-            job_id=command.job_id,
-            factory=job.factory,
-            strategy_options=job.strategy_options,
-        )
-        start = time.perf_counter()
-        self.current_job = command.job_id
-        self.log.clear()
-        take_late_violations()  # a violation left over from an aborted job is not this job's
-        with capture_warnings() as records:
-            try:
-                self.baseline.reset()
-                self._set_pg_timeout(pg_timeout_for(job.timeout))
-                value = _call(job, ctx)
-                payload: Any = Result(_pickle_result(value, ctx.rank), "", 0.0)
-            except BaseException as exc:
-                payload = exc
-            finally:
-                self.current_job = 0
-        elapsed = time.perf_counter() - start
-        warned = format_warnings(records) if records else ""
-        noted = warning_records(records)
-        self.capture.flush()
-        try:
-            self.baseline.cleanup()
-        except Exception as exc:  # reported: the job left state the harness cannot undo
-            payload = exc
-        rank_coverage.save()  # no-op unless --rank-coverage; a killed rank keeps its data
-        desync, trouble = self.log.first, self.log.error
-        if desync is not None:
-            report = report_error(_desync_error(self.log, payload), elapsed, warned)
-            report = replace(report, desync=desync, is_distributed=True, warning_records=noted)
-            return Event(ERROR, command.job_id, ctx.rank, report)
-        if isinstance(payload, BaseException):
-            report = report_error(payload, elapsed, warned)
-            report = replace(report, warning_records=noted, collective_error=trouble)
-            return Event(ERROR, command.job_id, ctx.rank, report)
-        late = take_late_violations()
-        result = Result(payload.value, warned, elapsed, noted, trouble, late)
-        return Event(RESULT, command.job_id, ctx.rank, result)
-
-    def state(self, command: Command) -> Event:
-        """Report the state the health check compares across ranks."""
-        return Event(STATE, command.job_id, self.rank, cross_rank_state())
-
-    def barrier(self, command: Command) -> Event:
-        """Join a barrier with a short timeout: proves every rank still talks."""
-        start = time.perf_counter()
-        try:
-            self._set_pg_timeout(float(command.payload))
-            dist.barrier()
-        except BaseException as exc:
-            return Event(ERROR, command.job_id, self.rank, report_error(exc, 0.0, ""))
-        return Event(HEALTHY, command.job_id, self.rank, time.perf_counter() - start)
-
-
-def _desync_error(log: Any, payload: Any) -> BaseException:
-    """The job's error, or (the job caught the mismatch and went on) the mismatch itself."""
-    if isinstance(payload, BaseException):
-        return payload
-    return RuntimeError(f"the job caught a collective mismatch and went on: {log.message}")
-
-
 def _device(spec: WorkerSpec) -> torch.device:
     if spec.backend == "nccl":
         torch.cuda.set_device(spec.rank)
         return torch.device("cuda", spec.rank)
     return torch.device("cpu")
-
-
-def _call(job: Job, ctx: RankContext) -> Any:
-    fn = resolve_fn(job.fn)
-    args = pickle.loads(job.args)
-    return fn(ctx, *args)
-
-
-def _pickle_result(value: Any, rank: int) -> bytes:
-    try:
-        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:
-        raise TypeError(
-            f"the return value of rank {rank} is not picklable ({type(exc).__name__}: {exc}); "
-            "return plain data (numbers, strings, tensors, dicts/lists of them)."
-        ) from None
-
-
-def report_error(exc: BaseException, elapsed: float, warned: str) -> ErrorReport:
-    """An exception as an :class:`ErrorReport` (traceback without the worker's frames)."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
-        tb = tb.tb_next
-    text = "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
-    try:
-        blob: bytes | None = pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:
-        blob = None
-    cls = type(exc)
-    name = (
-        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
-    )
-    message = str(exc)
-    # gloo raises plain RuntimeErrors; an assertion whose message merely names the backend
-    # (a RankContext's repr) is not one
-    is_dist = isinstance(exc, dist.DistError) or (
-        type(exc) is RuntimeError and "gloo" in message.lower()
-    )
-    return ErrorReport(name, message, text, blob, is_dist, warned, elapsed, clause=clause_of(exc))

@@ -3,6 +3,6 @@
 Start it with ``torchrun --nnodes N --nproc-per-node G -m harness.attach -- pytest ARGS``:
 every torchrun process becomes a rank (:mod:`harness.attach.rank`), rank 0 also starts the
 controller (``pytest``) beside it (:mod:`harness.attach.__main__`), and the controller's
-plugin drives the ranks through torchrun's store (:mod:`harness.attach.pool`). The keys they
+plugin drives the ranks through torchrun's store (:mod:`harness.transports.store`). The keys they
 share are listed in :mod:`harness.attach.session`.
 """

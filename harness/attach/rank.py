@@ -30,7 +30,7 @@ from harness.fnref import install_rewriting
 from harness.isolation import OutputCapture
 from harness.protocol import ERROR, READY, STOP, Command, Event, decode
 from harness.rankcoverage import rank as rank_coverage
-from harness.worker import JobRunner, join_process_group, report_error, warm_up_rank
+from harness.runner import JobRunner, join_process_group, report_error, warm_up_rank
 
 __all__ = ["AttachedRank", "JobAborted"]
 

@@ -170,7 +170,8 @@ class ConformancePlugin:
         check = self.checks.get(item.nodeid)
         if check is None:
             return (yield)
-        from harness.api import jobs_dispatched, set_job_guard
+        from harness.api import jobs_dispatched
+        from harness.jobguard import set_job_guard
 
         before = jobs_dispatched()
         REFUSALS.begin_check()

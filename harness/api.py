@@ -26,11 +26,11 @@ from harness.fnref import fn_ref_of
 from harness.jobguard import before_job
 from harness.joboutput import publish, set_output_sink
 from harness.outcomes import Outcome
-from harness.pool import PoolSettings, RankPool
+from harness.pool import RankPool
 from harness.protocol import FnRef, Job
 from harness.runner import pg_timeout_for
 from harness.shrinking import shrink_once
-from harness.transport import Transport
+from harness.transport import PoolSettings, Transport
 from harness.transports import pipes
 from harness.transports.pipes import PipeTransport, start_forkserver
 from harness.verdicts import CollectiveDesync, CollectiveHang, failure_for

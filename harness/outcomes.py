@@ -22,7 +22,7 @@ from harness.collectives import Collective
 from harness.protocol import ERROR, RESULT, ErrorReport, Result
 
 if TYPE_CHECKING:
-    from harness.transport import Reply
+    from harness.protocol import Reply
 
 __all__ = [
     "Outcome",

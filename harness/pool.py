@@ -19,14 +19,14 @@ ranks. What cannot heal makes the pool *lost*: every later job raises :class:`Po
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from harness.collectives import waiting_collective
 from harness.outcomes import Outcome, format_story, outcome_from_reply, tidy_stacks
 from harness.protocol import BARRIER, ERROR, HEALTHY, JOB, READY, RESULT, STATE, Command, Job
 from harness.runner import pg_timeout_for
 from harness.stall import StallProbe
-from harness.transport import RanksUnreachable, StackDump, Transport
+from harness.transport import PoolSettings, RanksUnreachable, StackDump, Transport
 
 __all__ = ["PoolLost", "PoolSettings", "PoolStartError", "RankPool", "lonely_grace"]
 
@@ -37,45 +37,6 @@ class PoolStartError(RuntimeError):
 
 class PoolLost(RuntimeError):
     """The pool cannot run jobs any more (the message says why): the session must end."""
-
-
-@dataclass(frozen=True)
-class PoolSettings:
-    """How a pool starts and heals.
-
-    Args:
-        world_size: number of ranks.
-        backend: ``gloo`` or ``nccl``.
-        pg_timeout: initial process-group timeout in seconds.
-        threads: torch intra-op threads per rank.
-        start_timeout: seconds the ranks get to join the process group.
-        failure_grace: seconds the other ranks get to finish once one rank failed.
-        health_timeout: seconds the health check (state + barrier) may take.
-        preload: extra modules for the forkserver to import.
-        warm_up: run a tiny FSDP2 step on every rank at the pool's first start
-            (:mod:`harness.warmup`), so the first job is not slower than the rest.
-        check_collectives: ranks check every collective across the group
-            (:mod:`harness.collectives`); a mismatch raises at once.
-        lonely_grace: seconds, at least, that ranks still inside a job get once another
-            rank finished it (more for a long job: see :func:`lonely_grace`).
-        stall_after: seconds into a job before the waiting ranks' stacks are sampled for a
-            stall (:mod:`harness.stall`); 0 turns sampling off.
-        stall_every: seconds between two stall samples.
-    """
-
-    world_size: int
-    backend: str = "gloo"
-    pg_timeout: float = 60.0
-    threads: int = 1
-    start_timeout: float = 120.0
-    failure_grace: float = 3.0
-    health_timeout: float = 10.0
-    preload: tuple[str, ...] = ()
-    warm_up: bool = True
-    check_collectives: bool = False
-    lonely_grace: float = 5.0
-    stall_after: float = 3.0
-    stall_every: float = 2.0
 
 
 def lonely_grace(least: float, finished_after: float) -> float:

@@ -31,6 +31,7 @@ __all__ = [
     "Event",
     "FnRef",
     "Job",
+    "Reply",
     "Result",
     "decode",
     "encode",
@@ -156,3 +157,25 @@ def encode(message: Command | Event) -> bytes:
 def decode(data: bytes) -> Any:
     """Unpickle one message."""
     return pickle.loads(data)
+
+
+class Reply(NamedTuple):
+    """One rank's answer to a command, or (``event`` is ``None``) the news that it is gone.
+
+    Args:
+        rank: the rank.
+        event: what it answered; ``None`` when the rank crashed or went silent.
+        stdout: its output, when the transport carries output with replies.
+        stderr: likewise.
+        exitcode: a gone rank's exit code, when known.
+        detail: why the transport counts the rank as gone, when it knows more than that.
+        stacks: the stacks a gone rank left (``faulthandler``'s fatal-error dump).
+    """
+
+    rank: int
+    event: Event | None
+    stdout: str = ""
+    stderr: str = ""
+    exitcode: int | None = None
+    detail: str = ""
+    stacks: str = ""

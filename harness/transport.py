@@ -17,41 +17,58 @@ in :func:`harness.api.pool_for` that makes it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from harness.protocol import Command, Event
+from harness.protocol import Command, Reply
 
 if TYPE_CHECKING:
     from harness.outcomes import Outcome
-    from harness.pool import PoolSettings
 
-__all__ = ["RanksUnreachable", "Reply", "StackDump", "Transport"]
+__all__ = ["PoolSettings", "RanksUnreachable", "Reply", "StackDump", "Transport"]
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """How a pool starts and heals.
+
+    Args:
+        world_size: number of ranks.
+        backend: ``gloo`` or ``nccl``.
+        pg_timeout: initial process-group timeout in seconds.
+        threads: torch intra-op threads per rank.
+        start_timeout: seconds the ranks get to join the process group.
+        failure_grace: seconds the other ranks get to finish once one rank failed.
+        health_timeout: seconds the health check (state + barrier) may take.
+        preload: extra modules for the forkserver to import.
+        warm_up: run a tiny FSDP2 step on every rank at the pool's first start
+            (:mod:`harness.warmup`), so the first job is not slower than the rest.
+        check_collectives: ranks check every collective across the group
+            (:mod:`harness.collectives`); a mismatch raises at once.
+        lonely_grace: seconds, at least, that ranks still inside a job get once another
+            rank finished it (more for a long job: see :func:`lonely_grace`).
+        stall_after: seconds into a job before the waiting ranks' stacks are sampled for a
+            stall (:mod:`harness.stall`); 0 turns sampling off.
+        stall_every: seconds between two stall samples.
+    """
+
+    world_size: int
+    backend: str = "gloo"
+    pg_timeout: float = 60.0
+    threads: int = 1
+    start_timeout: float = 120.0
+    failure_grace: float = 3.0
+    health_timeout: float = 10.0
+    preload: tuple[str, ...] = ()
+    warm_up: bool = True
+    check_collectives: bool = False
+    lonely_grace: float = 5.0
+    stall_after: float = 3.0
+    stall_every: float = 2.0
 
 
 class RanksUnreachable(RuntimeError):
     """The transport has lost its way to the ranks (the message says why): the pool is lost."""
-
-
-class Reply(NamedTuple):
-    """One rank's answer to a command, or (``event`` is ``None``) the news that it is gone.
-
-    Args:
-        rank: the rank.
-        event: what it answered; ``None`` when the rank crashed or went silent.
-        stdout: its output, when the transport carries output with replies.
-        stderr: likewise.
-        exitcode: a gone rank's exit code, when known.
-        detail: why the transport counts the rank as gone, when it knows more than that.
-        stacks: the stacks a gone rank left (``faulthandler``'s fatal-error dump).
-    """
-
-    rank: int
-    event: Event | None
-    stdout: str = ""
-    stderr: str = ""
-    exitcode: int | None = None
-    detail: str = ""
-    stacks: str = ""
 
 
 class StackDump(NamedTuple):

@@ -40,7 +40,7 @@ from harness.worker import STACK_SIGNAL, WorkerSpec, worker_main
 
 if TYPE_CHECKING:
     from harness.outcomes import Outcome
-    from harness.pool import PoolSettings
+    from harness.transport import PoolSettings
 
 __all__ = [
     "PRELOAD",

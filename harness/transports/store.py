@@ -32,7 +32,7 @@ from harness.transport import RanksUnreachable, Reply, StackDump
 
 if TYPE_CHECKING:
     from harness.outcomes import Outcome
-    from harness.pool import PoolSettings
+    from harness.transport import PoolSettings
 
 __all__ = ["StoreTransport"]
 

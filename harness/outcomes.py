@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from harness.attribution import tag
 from harness.collectives import Collective
-from harness.protocol import ERROR, RESULT, ErrorReport, Result
+from harness.protocol import ErrorReport, Kind, Result
 
 if TYPE_CHECKING:
     from harness.protocol import Reply
@@ -296,11 +296,11 @@ def outcome_from_reply(reply: Reply, kinds: tuple[str, ...], elapsed: float) -> 
             elapsed=elapsed,
             stacks=tidy_stacks(reply.stacks),
         )
-    elif event.kind == ERROR:
+    elif event.kind == Kind.ERROR:
         outcome = outcome_from_error(reply.rank, event.payload, elapsed)
     elif event.kind not in kinds:
         return None
-    elif event.kind == RESULT:
+    elif event.kind == Kind.RESULT:
         outcome = outcome_from_result(reply.rank, event.payload, elapsed)
     else:
         outcome = Outcome(reply.rank, "ok", value=event.payload, elapsed=elapsed)

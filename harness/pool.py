@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from harness.collectives import waiting_collective
 from harness.outcomes import Outcome, format_story, outcome_from_reply, tidy_stacks
-from harness.protocol import BARRIER, ERROR, HEALTHY, JOB, READY, RESULT, STATE, Command, Job
+from harness.protocol import Command, Job, Kind
 from harness.runner import pg_timeout_for
 from harness.stall import StallProbe
 from harness.transport import PoolSettings, RanksUnreachable, StackDump, Transport
@@ -116,7 +116,7 @@ class RankPool:
         except BaseException:
             self.kill()  # ranks started before the failure must not linger
             raise
-        outcomes = self._wait(token, began, began + settings.start_timeout, (READY,), None)
+        outcomes = self._wait(token, began, began + settings.start_timeout, (Kind.READY,), None)
         if not all(o.ok for o in outcomes):
             n, name = self.settings.world_size, self.transport.name
             story = format_story(
@@ -146,9 +146,11 @@ class RankPool:
                 self.kill()  # a rank died between jobs: start afresh rather than blame this job
             self.start()
             began = time.monotonic()
-            token = self.transport.send(Command(JOB, job_id, job))
+            token = self.transport.send(Command(Kind.JOB, job_id, job))
             grace = self.settings.failure_grace
-            outcomes = self._wait(token, began, began + job.timeout, (RESULT, ERROR), grace)
+            outcomes = self._wait(
+                token, began, began + job.timeout, (Kind.RESULT, Kind.ERROR), grace
+            )
             self._heal(token, outcomes, job_id)
         except RanksUnreachable as exc:
             self.lost = str(exc)
@@ -156,7 +158,12 @@ class RankPool:
         return outcomes
 
     def _wait(
-        self, token: int, began: float, deadline: float, kinds: tuple[str, ...], grace: float | None
+        self,
+        token: int,
+        began: float,
+        deadline: float,
+        kinds: tuple[Kind, ...],
+        grace: float | None,
     ) -> list[Outcome]:
         """:meth:`_gather`, ending the generation when interrupted (Ctrl-C, pytest-timeout)."""
         try:
@@ -168,7 +175,12 @@ class RankPool:
             raise
 
     def _gather(
-        self, token: int, began: float, deadline: float, kinds: tuple[str, ...], grace: float | None
+        self,
+        token: int,
+        began: float,
+        deadline: float,
+        kinds: tuple[Kind, ...],
+        grace: float | None,
     ) -> list[Outcome]:
         """Every rank's outcome of command ``token``: its reply of one of ``kinds`` (or an
         error), a crash, or ``hung`` when the cutoff passed first. ``grace`` (jobs only)
@@ -279,14 +291,14 @@ class RankPool:
         """Whether every rank reports the same state and passes a short barrier."""
         began = time.monotonic()
         limit = self.settings.health_timeout
-        states = self._ask(Command(STATE, job_id), (STATE,), began + limit / 2)
+        states = self._ask(Command(Kind.STATE, job_id), (Kind.STATE,), began + limit / 2)
         if states is None or any(s.value != states[0].value for s in states):
             return False
-        barrier = Command(BARRIER, job_id, pg_timeout_for(limit / 2))
-        return self._ask(barrier, (HEALTHY,), began + limit) is not None
+        barrier = Command(Kind.BARRIER, job_id, pg_timeout_for(limit / 2))
+        return self._ask(barrier, (Kind.HEALTHY,), began + limit) is not None
 
     def _ask(
-        self, command: Command, kinds: tuple[str, ...], deadline: float
+        self, command: Command, kinds: tuple[Kind, ...], deadline: float
     ) -> list[Outcome] | None:
         token = self.transport.send(command)
         outcomes = self._gather(token, time.monotonic(), deadline, kinds, None)

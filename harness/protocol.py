@@ -1,27 +1,48 @@
 """The named events exchanged between the controller and the rank workers.
 
-Every message is a small named tuple that carries the job id it belongs to, pickled once
-and sent over the rank's pipe (``Connection.send_bytes``). The controller drops a reply
-whose job id is not the one it waits for, so a late answer to an abandoned job can never be
-mistaken for the current one.
+Every message is a small named tuple that carries the job id it belongs to and its
+:class:`Kind`, pickled once. The controller drops a reply whose job id is not the one it
+waits for, so a late answer to an abandoned job can never be mistaken for the current one.
+``Kind`` is a string enum: a kind compares equal to its value (``Kind.JOB == "job"``).
+
+Two transports carry the messages. Local ranks (:mod:`harness.worker`, controller side
+:mod:`harness.transports.pipes`) get each message over their pipe
+(``Connection.send_bytes``). Attach mode's torchrun ranks (:mod:`harness.attach.rank`,
+controller side :mod:`harness.transports.store`) read numbered commands from torchrun's
+store (``cmd/<seq>``) and write each answer, with their captured output, as a pickled
+``(Event, stdout, stderr)`` under ``reply/<seq>/<rank>`` (the keys are listed in
+:mod:`harness.attach.session`). Both hand ``job``, ``state`` and ``barrier`` to
+:class:`harness.runner.JobRunner`, so those kinds mean the same on either transport.
 
 Controller -> worker (:class:`Command`):
-    ``job``      run a :class:`Job` (payload) and answer ``result`` or ``error``.
+    ``start``    torchrun store only: form the default process group of a new generation,
+                 leaving the old one (payload: :class:`harness.attach.session.AttachStart`;
+                 job id 0); answer ``ready`` or ``error``. Any other command before the
+                 first ``start`` is a protocol error that ends the rank. Pipes have no
+                 ``start``: the transport forks new ranks instead.
+    ``job``      run a :class:`Job` (payload) and answer ``result`` or ``error``. Over the
+                 store, a job the controller aborted answers ``error``.
     ``state``    report the cross-rank state the health check compares (answer ``state``).
     ``barrier``  join a barrier bounded by ``payload`` seconds (answer ``healthy``/``error``).
-    ``stop``     leave the process group and exit.
+    ``stop``     leave the process group and exit (job id 0, no payload, no answer). A
+                 pipe rank also leaves when its pipe closes; a torchrun rank once rank 0
+                 reports that the controller has exited.
 
 Worker -> controller (:class:`Event`):
-    ``ready``    the rank joined the process group (payload: its pid).
+    ``ready``    the rank joined the process group. Pipes: sent unasked, job id 0, once the
+                 new rank joined (payload: its pid). Torchrun store: the answer to ``start``
+                 (payload: the seconds forming the group took).
     ``result``   the job returned (payload: :class:`Result`).
-    ``error``    the job, or a health step, raised (payload: :class:`ErrorReport`).
+    ``error``    the job, a health step, joining the process group (pipes, instead of
+                 ``ready``) or ``start`` (store) raised (payload: :class:`ErrorReport`).
     ``state``    answer to ``state`` (payload: a dict of comparable values).
-    ``healthy``  the barrier passed.
+    ``healthy``  the barrier passed (payload: the seconds it took).
 """
 
 from __future__ import annotations
 
 import pickle
+import sys
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -31,20 +52,43 @@ __all__ = [
     "Event",
     "FnRef",
     "Job",
+    "Kind",
     "Reply",
     "Result",
     "decode",
     "encode",
 ]
 
-JOB, STATE, BARRIER, STOP = "job", "state", "barrier", "stop"
-READY, RESULT, ERROR, HEALTHY = "ready", "result", "error", "healthy"
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # pragma: no cover - Python 3.10: what StrEnum does for these members
+    from enum import Enum
+
+    class StrEnum(str, Enum):
+        def __str__(self) -> str:
+            return str(self.value)
+
+
+class Kind(StrEnum):
+    """What a :class:`Command` or :class:`Event` is (see the module docstring)."""
+
+    # controller -> worker
+    START = "start"  # torchrun store only
+    JOB = "job"
+    STATE = "state"  # also the worker's answer to it
+    BARRIER = "barrier"
+    STOP = "stop"
+    # worker -> controller
+    READY = "ready"
+    RESULT = "result"
+    ERROR = "error"
+    HEALTHY = "healthy"
 
 
 class Command(NamedTuple):
     """A message from the controller to a worker."""
 
-    kind: str
+    kind: Kind
     job_id: int
     payload: Any = None
 
@@ -52,7 +96,7 @@ class Command(NamedTuple):
 class Event(NamedTuple):
     """A message from a worker to the controller."""
 
-    kind: str
+    kind: Kind
     job_id: int
     rank: int
     payload: Any = None

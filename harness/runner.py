@@ -34,23 +34,18 @@ from harness.isolation import (
     format_warnings,
     warning_records,
 )
-from harness.protocol import (
-    BARRIER,
-    ERROR,
-    HEALTHY,
-    JOB,
-    RESULT,
-    STATE,
-    Command,
-    ErrorReport,
-    Event,
-    Job,
-    Result,
-)
+from harness.protocol import Command, ErrorReport, Event, Job, Kind, Result
 from harness.rankcoverage import rank as rank_coverage
 from harness.warmup import tiny_fsdp2_step
 
-__all__ = ["JobRunner", "join_process_group", "pg_timeout_for", "report_error", "warm_up_rank"]
+__all__ = [
+    "JobRunner",
+    "join_process_group",
+    "pg_timeout_for",
+    "rank_device",
+    "report_error",
+    "warm_up_rank",
+]
 
 # the frames a rank's error passes through before the job's own: left out of tracebacks
 _RANK_LOOP_FILES = frozenset({__file__, os.path.join(os.path.dirname(__file__), "worker.py")})
@@ -59,6 +54,18 @@ _RANK_LOOP_FILES = frozenset({__file__, os.path.join(os.path.dirname(__file__), 
 def pg_timeout_for(deadline: float) -> float:
     """A process-group timeout safely below the job deadline."""
     return max(0.5, deadline - max(1.0, 0.1 * deadline))
+
+
+def rank_device(backend: str, local_rank: int) -> torch.device:
+    """The device of the rank with node-local rank ``local_rank``.
+
+    With NCCL it is CUDA device ``local_rank``, made the rank's current CUDA device; with any
+    other backend the CPU.
+    """
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
 
 
 def join_process_group(
@@ -145,13 +152,13 @@ class JobRunner:
 
     def handle(self, command: Command) -> Event:
         """Answer one ``job``, ``state`` or ``barrier`` command."""
-        if command.kind == JOB:
+        if command.kind == Kind.JOB:
             return self.run_job(command)
-        if command.kind == STATE:
+        if command.kind == Kind.STATE:
             return self.state(command)
-        if command.kind == BARRIER:
+        if command.kind == Kind.BARRIER:
             return self.barrier(command)
-        raise ValueError(f"unknown command {command.kind!r} (job {command.job_id})")
+        raise ValueError(f"unknown command {str(command.kind)!r} (job {command.job_id})")
 
     def _set_pg_timeout(self, seconds: float) -> None:
         if seconds != self.pg_timeout and dist.is_initialized():
@@ -202,18 +209,18 @@ class JobRunner:
         if desync is not None:
             report = report_error(_desync_error(self.log, payload), elapsed, warned)
             report = replace(report, desync=desync, is_distributed=True, warning_records=noted)
-            return Event(ERROR, command.job_id, ctx.rank, report)
+            return Event(Kind.ERROR, command.job_id, ctx.rank, report)
         if isinstance(payload, BaseException):
             report = report_error(payload, elapsed, warned)
             report = replace(report, warning_records=noted, collective_error=trouble)
-            return Event(ERROR, command.job_id, ctx.rank, report)
+            return Event(Kind.ERROR, command.job_id, ctx.rank, report)
         late = take_late_violations()
         result = Result(payload.value, warned, elapsed, noted, trouble, late)
-        return Event(RESULT, command.job_id, ctx.rank, result)
+        return Event(Kind.RESULT, command.job_id, ctx.rank, result)
 
     def state(self, command: Command) -> Event:
         """Report the state the health check compares across ranks."""
-        return Event(STATE, command.job_id, self.rank, cross_rank_state())
+        return Event(Kind.STATE, command.job_id, self.rank, cross_rank_state())
 
     def barrier(self, command: Command) -> Event:
         """Join a barrier with a short timeout: proves every rank still talks."""
@@ -222,8 +229,8 @@ class JobRunner:
             self._set_pg_timeout(float(command.payload))
             dist.barrier()
         except BaseException as exc:
-            return Event(ERROR, command.job_id, self.rank, report_error(exc, 0.0, ""))
-        return Event(HEALTHY, command.job_id, self.rank, time.perf_counter() - start)
+            return Event(Kind.ERROR, command.job_id, self.rank, report_error(exc, 0.0, ""))
+        return Event(Kind.HEALTHY, command.job_id, self.rank, time.perf_counter() - start)
 
 
 def _desync_error(log: Any, payload: Any) -> BaseException:

@@ -27,9 +27,15 @@ from harness.collectives import install_checking
 from harness.flight import trace_prefix
 from harness.fnref import install_rewriting
 from harness.isolation import OutputCapture
-from harness.protocol import ERROR, READY, STOP, Command, Event, decode, encode
+from harness.protocol import Command, Event, Kind, decode, encode
 from harness.rankcoverage import rank as rank_coverage
-from harness.runner import JobRunner, join_process_group, report_error, warm_up_rank
+from harness.runner import (
+    JobRunner,
+    join_process_group,
+    rank_device,
+    report_error,
+    warm_up_rank,
+)
 
 __all__ = ["STACK_SIGNAL", "WorkerSpec", "launcher_environ", "worker_main"]
 
@@ -83,10 +89,10 @@ def worker_main(spec: WorkerSpec, conn: Connection, life: Connection) -> None:
     try:
         rank = _Rank(spec, conn, capture)
     except BaseException as exc:
-        conn.send_bytes(encode(Event(ERROR, 0, spec.rank, report_error(exc, 0.0, ""))))
+        conn.send_bytes(encode(Event(Kind.ERROR, 0, spec.rank, report_error(exc, 0.0, ""))))
         capture.flush()
         os._exit(1)
-    conn.send_bytes(encode(Event(READY, 0, spec.rank, os.getpid())))
+    conn.send_bytes(encode(Event(Kind.READY, 0, spec.rank, os.getpid())))
     rank.serve()
 
 
@@ -120,7 +126,7 @@ class _Rank:
         os.environ.update(launcher_environ(spec.rank, spec.world_size))
         torch.set_num_threads(spec.threads)
         install_rewriting(spec.rewrite)
-        device = _device(spec)
+        device = rank_device(spec.backend, spec.rank)  # one node: local rank = rank
         store = dist.TCPStore(
             "127.0.0.1",
             spec.store_port,
@@ -153,7 +159,7 @@ class _Rank:
                 command: Command = decode(self.conn.recv_bytes())
             except (EOFError, OSError):
                 break
-            if command.kind == STOP:
+            if command.kind == Kind.STOP:
                 break
             self.conn.send_bytes(encode(self.runner.handle(command)))
         self.runner.capture.flush()
@@ -171,10 +177,3 @@ def launcher_environ(rank: int, world_size: int) -> dict[str, str]:
         "LOCAL_WORLD_SIZE": str(world_size),
         "GROUP_RANK": "0",
     }
-
-
-def _device(spec: WorkerSpec) -> torch.device:
-    if spec.backend == "nccl":
-        torch.cuda.set_device(spec.rank)
-        return torch.device("cuda", spec.rank)
-    return torch.device("cpu")

@@ -25,12 +25,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.attach.session import BEAT_INTERVAL, START, AttachInfo, AttachStart, connect, key
+from harness.attach.session import BEAT_INTERVAL, AttachInfo, AttachStart, connect, key
 from harness.fnref import install_rewriting
 from harness.isolation import OutputCapture
-from harness.protocol import ERROR, READY, STOP, Command, Event, decode
+from harness.protocol import Command, Event, Kind, decode
 from harness.rankcoverage import rank as rank_coverage
-from harness.runner import JobRunner, join_process_group, report_error, warm_up_rank
+from harness.runner import (
+    JobRunner,
+    join_process_group,
+    rank_device,
+    report_error,
+    warm_up_rank,
+)
 
 __all__ = ["AttachedRank", "JobAborted"]
 
@@ -77,13 +83,13 @@ class AttachedRank:
         try:
             while True:
                 command = self._next(seq)
-                if command is None or command.kind == STOP:
+                if command is None or command.kind == Kind.STOP:
                     break
                 self.seq = seq
                 try:
                     reply = self._handle(seq, command)
                 except JobAborted as exc:  # the abort landed just as the job ended
-                    reply = Event(ERROR, command.job_id, self.rank, report_error(exc, 0.0, ""))
+                    reply = Event(Kind.ERROR, command.job_id, self.rank, report_error(exc, 0.0, ""))
                 self.capture.flush()
                 output = (_read(self._path("stdout")), _read(self._path("stderr")))
                 self.store.set(key("reply", seq, self.rank), pickle.dumps((reply, *output)))
@@ -111,11 +117,11 @@ class AttachedRank:
         return command
 
     def _handle(self, seq: int, command: Command) -> Event:
-        if command.kind == START:
+        if command.kind == Kind.START:
             return self._start(command)
         if self.runner is None:
-            raise RuntimeError(f"command {command.kind!r} before the process group was formed")
-        if command.kind != "job":
+            raise RuntimeError(f"command {str(command.kind)!r} before the process group was formed")
+        if command.kind != Kind.JOB:
             return self.runner.handle(command)
         self.running_job = seq
         try:
@@ -135,7 +141,7 @@ class AttachedRank:
             torch.set_num_threads(start.threads)
             if start.generation == 1:
                 install_rewriting(start.rewrite)
-            device = _device(start.backend, self.local_rank)
+            device = rank_device(start.backend, self.local_rank)
             pg_store = dist.PrefixStore(key("pg", start.generation), self.store)
             join_process_group(
                 start.backend, pg_store, self.rank, self.info.world_size, start.pg_timeout, device
@@ -151,8 +157,8 @@ class AttachedRank:
                 start.pg_timeout,
             )
         except BaseException as exc:
-            return Event(ERROR, command.job_id, self.rank, report_error(exc, 0.0, ""))
-        return Event(READY, command.job_id, self.rank, time.perf_counter() - began)
+            return Event(Kind.ERROR, command.job_id, self.rank, report_error(exc, 0.0, ""))
+        return Event(Kind.READY, command.job_id, self.rank, time.perf_counter() - began)
 
     def _abort_handler(self, signum: int, frame: Any) -> None:
         if self.running_job:
@@ -192,13 +198,6 @@ class AttachedRank:
         stacks = self._stacks.read()
         self.capture.flush()
         return stacks, _read(self._path("stdout")), _read(self._path("stderr"))
-
-
-def _device(backend: str, local_rank: int) -> torch.device:
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
 
 
 def _read(path: str) -> str:

@@ -39,7 +39,6 @@ __all__ = [
 
 ATTACH_ENV = "SHARDCHECK_ATTACH"
 BEAT_INTERVAL = 0.5
-START = "start"
 
 
 class AttachError(RuntimeError):

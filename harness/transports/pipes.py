@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from harness.flight import last_collectives, trace_prefix
 from harness.fnref import rewritten_modules
-from harness.protocol import STOP, Command, Event, decode, encode
+from harness.protocol import Command, Event, Kind, decode, encode
 from harness.transport import Reply, StackDump
 from harness.worker import STACK_SIGNAL, WorkerSpec, worker_main
 
@@ -327,7 +327,7 @@ class PipeTransport:
         """Ask the ranks to leave the process group and exit; kill those that do not."""
         if not self.procs:
             return
-        self.send(Command(STOP, 0))
+        self.send(Command(Kind.STOP, 0))
         deadline = time.monotonic() + timeout
         for proc in self.procs:
             proc.join(max(0.0, deadline - time.monotonic()))

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from harness.attach.session import START, AttachInfo, AttachStart, connect, key
+from harness.attach.session import AttachInfo, AttachStart, connect, key
 from harness.fnref import rewritten_modules
-from harness.protocol import STOP, Command
+from harness.protocol import Command, Kind
 from harness.transport import RanksUnreachable, Reply, StackDump
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ class StoreTransport:
             warm_up=settings.warm_up,
             environ=environ,
         )
-        return self.send(Command(START, 0, payload))
+        return self.send(Command(Kind.START, 0, payload))
 
     def send(self, command: Command) -> int:
         """Write ``command`` as the next numbered command; its token is that number."""
@@ -212,7 +212,7 @@ class StoreTransport:
         if self.closed:
             return
         try:
-            self.send(Command(STOP, 0))
+            self.send(Command(Kind.STOP, 0))
         except (RuntimeError, OSError):
             pass  # the store is gone: the ranks are gone too
         self.closed = True

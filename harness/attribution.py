@@ -36,15 +36,14 @@ __all__ = [
     "LateViolation",
     "clause",
     "clause_of",
-    "note_late",
     "tag",
     "take_late_violations",
-    "take_noted",
 ]
 
 _ATTRIBUTE = "shardcheck_clause"
-_LATE: list[LateViolation] = []  # violations after the property, on this process, this job
-_NOTED: list[tuple[int, LateViolation]] = []  # in the controller: (rank, violation) from jobs
+# A rank's buffer, not session state: the violations after the property in the job this
+# process is running, emptied when the runner ships the job's answer.
+_LATE: list[LateViolation] = []
 
 
 @dataclass(frozen=True)
@@ -122,16 +121,4 @@ def take_late_violations() -> tuple[LateViolation, ...]:
     """The late violations recorded since the last call (the worker ships them per job)."""
     taken = tuple(_LATE)
     _LATE.clear()
-    return taken
-
-
-def note_late(rank: int, violations: tuple[LateViolation, ...]) -> None:
-    """In the controller: keep the late violations a rank's job reported."""
-    _NOTED.extend((rank, v) for v in violations)
-
-
-def take_noted() -> list[tuple[int, LateViolation]]:
-    """In the controller: the ``(rank, violation)`` pairs noted since the last call."""
-    taken = list(_NOTED)
-    _NOTED.clear()
     return taken

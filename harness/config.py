@@ -1,8 +1,9 @@
 """The session's settings: :class:`HarnessConfig`, checked as a whole, and what they allow.
 
-:mod:`harness.api` holds the settings in force (:func:`harness.api.configure`); here they are
-plain values: their defaults (``--nproc`` = GPUs if at least 2, else 4), their checks, the
-backend ``auto`` resolves to, and the world sizes a session can run.
+:class:`harness.session.HarnessSession` holds the settings in force
+(:func:`harness.api.configure`); here they are plain values: their defaults (``--nproc`` =
+GPUs if at least 2, else 4), their checks, the backend ``auto`` resolves to, and the world
+sizes a session can run.
 """
 
 from __future__ import annotations
@@ -16,9 +17,22 @@ import torch
 from harness.attach.session import AttachInfo
 from harness.contract import DEFAULT_FACTORY
 
-__all__ = ["BACKENDS", "HarnessConfig", "default_nproc", "gpu_count", "resolve_backend"]
+__all__ = [
+    "BACKENDS",
+    "HarnessConfig",
+    "default_nproc",
+    "gpu_count",
+    "resolve_backend",
+    "strategy_factory",
+]
 
 BACKENDS = ("auto", "gloo", "nccl")
+
+
+def strategy_factory(given: str | None = None) -> str:
+    """The strategy factory of a run: ``--strategy`` if given, else the environment variable
+    ``SHARDCHECK_STRATEGY``, else the reference's :data:`~harness.contract.DEFAULT_FACTORY`."""
+    return given or os.environ.get("SHARDCHECK_STRATEGY") or DEFAULT_FACTORY
 
 
 def gpu_count() -> int:
@@ -77,9 +91,7 @@ class HarnessConfig:
     nproc: int = field(default_factory=default_nproc)
     backend: str = "auto"
     rank_timeout: float = 120.0
-    strategy: str = field(
-        default_factory=lambda: os.environ.get("SHARDCHECK_STRATEGY") or DEFAULT_FACTORY
-    )
+    strategy: str = field(default_factory=strategy_factory)
     strategy_options: dict[str, Any] = field(default_factory=dict)
     threads: int = 1
     failure_grace: float = 3.0

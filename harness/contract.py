@@ -28,6 +28,8 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from harness.refusals import Refusal
+
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -227,7 +229,7 @@ class MeshStrategy(Strategy, Protocol):
 StrategyFactory = Callable[[StrategySpec], Strategy]
 
 
-class Unsupported(Exception):
+class Unsupported(Refusal):
     """Raised by a strategy factory (or a strategy) for a configuration it does not support.
 
     Args:
@@ -241,6 +243,8 @@ class Unsupported(Exception):
         self.reason = reason
         self.option = option
         self.value = value
+
+    outcome = "unsupported"
 
     def describe(self) -> str:
         """The report's wording: ``unsupported: option=value (reason)``."""

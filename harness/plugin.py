@@ -16,24 +16,27 @@ Pools stop at the end of the session (also after Ctrl-C and ``-x``).
 
 from __future__ import annotations
 
-import os
-from collections.abc import Generator, Sequence
-from functools import partial
 from typing import Any
 
 import pytest
-from hypothesis.errors import Unsatisfiable
 
-from harness import api, resources, sigterm
+from harness import resources, sigterm
 from harness.attach.session import AttachError, info_from_env
+from harness.config import (
+    BACKENDS,
+    HarnessConfig,
+    default_nproc,
+    resolve_backend,
+    strategy_factory,
+)
 from harness.contract import (
     DEFAULT_FACTORY,
     StrategyFactoryError,
     load_factory,
     parse_strategy_options,
 )
-from harness.outcomes import Outcome
-from harness.rankwarnings import pytest_terminal_summary  # noqa: F401 (the warnings summary)
+from harness.session import SESSION_PLUGIN, HarnessSession, session_of
+from harness.sessionplugin import SessionPlugin
 
 __all__ = ["register_hypothesis_profiles"]
 
@@ -91,7 +94,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--backend",
-        choices=api.BACKENDS,
+        choices=BACKENDS,
         default="auto",
         help="process-group backend; auto = nccl with one GPU per rank, else gloo",
     )
@@ -140,7 +143,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Refuse xdist, check the options, configure the harness session."""
+    """Refuse xdist, check the options, make the harness session and register its plugin."""
     config.addinivalue_line(
         "markers",
         f"{MARKER}(*sizes): world sizes the test runs at; skipped when a size exceeds "
@@ -149,20 +152,18 @@ def pytest_configure(config: pytest.Config) -> None:
     refuse_xdist(config)
     if config.option.help or config.option.version:
         return
-    strategy = (
-        config.getoption("strategy") or os.environ.get("SHARDCHECK_STRATEGY") or DEFAULT_FACTORY
-    )
+    strategy = strategy_factory(config.getoption("strategy"))
     try:
         load_factory(strategy)
         options = parse_strategy_options(config.getoption("strategy_option"))
         attach = info_from_env()
         nproc = config.getoption("nproc")
         if nproc is None:
-            nproc = attach.world_size if attach is not None else api.default_nproc()
+            nproc = attach.world_size if attach is not None else default_nproc()
         if attach is None and not config.getoption("allow_oversubscribe"):
-            backend = api.resolve_backend(config.getoption("backend"), nproc)
+            backend = resolve_backend(config.getoption("backend"), nproc)
             resources.check_world_size(nproc, backend)
-        api.configure(
+        settings = HarnessConfig(
             nproc=nproc,
             backend=config.getoption("backend"),
             rank_timeout=config.getoption("rank_timeout"),
@@ -172,11 +173,13 @@ def pytest_configure(config: pytest.Config) -> None:
             shared_dir=config.getoption("shared_dir"),
             check_collectives=config.getoption("check_collectives"),
         )
+        session = HarnessSession(settings)
     except (StrategyFactoryError, ValueError, AttachError) as exc:
         raise pytest.UsageError(str(exc)) from None
+    config.pluginmanager.register(SessionPlugin(session), SESSION_PLUGIN)
     sigterm.install()
     if attach is None and not config.option.collectonly:
-        api.warm_up()
+        session.warm_up()
 
 
 def refuse_xdist(config: Any) -> None:
@@ -192,7 +195,7 @@ def refuse_xdist(config: Any) -> None:
 
 def pytest_report_header(config: pytest.Config) -> str:
     """One header line with the session's harness settings."""
-    cfg = api.current_config()
+    cfg = session_of(config).config
     mode = ""
     if cfg.attach is not None:
         mode = f" attach=torchrun({cfg.attach.nnodes} node(s) x {cfg.attach.local_world_size})"
@@ -203,14 +206,8 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """Stop every pool and the forkserver: no process outlives the session."""
-    api.shutdown(stop_forkserver=True)
+    """Restore the SIGTERM handler (the session plugin has stopped every pool by now)."""
     sigterm.uninstall()
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Stop the pools as soon as the session ends (also after Ctrl-C and -x)."""
-    api.shutdown()
 
 
 def marker_sizes(marker: pytest.Mark) -> list[int]:
@@ -224,8 +221,8 @@ def marker_sizes(marker: pytest.Mark) -> list[int]:
     return sizes
 
 
-def _too_big(size: int) -> str | None:
-    return api.unavailable_reason(size)
+def _too_big(config: pytest.Config, size: int) -> str | None:
+    return session_of(config).unavailable_reason(size)
 
 
 def _parametrized(metafunc: pytest.Metafunc, name: str) -> bool:
@@ -244,13 +241,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     params = []
     for size in marker_sizes(marker):
-        reason = _too_big(size)
+        reason = _too_big(metafunc.config, size)
         marks = [pytest.mark.skip(reason=reason)] if reason else []
         params.append(pytest.param(size, id=f"ws{size}", marks=marks))
     metafunc.parametrize(MARKER, params)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark tests whose declared world size exceeds --nproc as skipped, saying why."""
     for item in items:
         marker = item.get_closest_marker(MARKER)
@@ -259,71 +256,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         callspec = getattr(item, "callspec", None)
         if callspec is not None and MARKER in callspec.params:
             continue  # parametrized by pytest_generate_tests, which marks too-big sizes
-        reasons = [r for r in map(_too_big, marker_sizes(marker)) if r]
+        reasons = [r for r in (_too_big(config, n) for n in marker_sizes(marker)) if r]
         if reasons:
             item.add_marker(pytest.mark.skip(reason=reasons[-1]))
-
-
-def attach_output(item: pytest.Item, when: str, outcomes: Sequence[Outcome]) -> None:
-    """Add each rank's captured output to the test's report sections."""
-    for o in outcomes:
-        for name, text in (("stdout", o.stdout), ("stderr", o.stderr)):
-            if text:
-                item.add_report_section(when, f"rank {o.rank} {name}", text)
-
-
-def _with_sink(item: pytest.Item, when: str) -> Generator[None, Any, Any]:
-    previous = api.set_output_sink(partial(attach_output, item, when))
-    try:
-        return (yield)
-    finally:
-        api.set_output_sink(previous)
-
-
-@pytest.hookimpl(wrapper=True, specname="pytest_runtest_setup")
-def pytest_shardcheck_setup_output(item: pytest.Item) -> Generator[None, Any, Any]:
-    """Attach rank output of jobs run during setup (fixtures) to the report."""
-    return (yield from _with_sink(item, "setup"))
-
-
-@pytest.hookimpl(wrapper=True, specname="pytest_runtest_call")
-def pytest_shardcheck_call_output(item: pytest.Item) -> Generator[None, Any, Any]:
-    """Attach rank output of jobs run by the test to the report."""
-    return (yield from _with_sink(item, "call"))
-
-
-@pytest.hookimpl(wrapper=True, specname="pytest_runtest_call")
-def pytest_shardcheck_unsatisfiable(item: pytest.Item) -> Generator[None, Any, Any]:
-    """Attach mode: a Hypothesis test none of whose examples fits the run's one world size
-    is ``environment`` (each such example was rejected), not an error."""
-    api.take_unavailable_reason()
-    try:
-        return (yield)
-    except Unsatisfiable:
-        reason = api.take_unavailable_reason()
-        if reason is not None:
-            pytest.skip(reason)
-        raise
-
-
-def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
-    """In attach mode, end the session once a rank is gone (nothing can run any more)."""
-    lost = api.lost_reason()
-    if lost and _SESSION is not None and not _SESSION.shouldstop:
-        first = lost.splitlines()[0]
-        _SESSION.shouldstop = f"shardcheck attach mode: the run cannot go on ({first})"
-
-
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """Remember the session (attach mode stops it when a rank is gone)."""
-    global _SESSION
-    _SESSION = session
-
-
-_SESSION: pytest.Session | None = None
-
-
-@pytest.hookimpl(wrapper=True, specname="pytest_runtest_teardown")
-def pytest_shardcheck_teardown_output(item: pytest.Item) -> Generator[None, Any, Any]:
-    """Attach rank output of jobs run during teardown to the report."""
-    return (yield from _with_sink(item, "teardown"))

@@ -1,9 +1,10 @@
 """Warnings from the ranks, each distinct one shown once with counts at the end of the run.
 
 A rank job's warnings would otherwise be attached to every test report, per rank and per job
-(the same few torch deprecations thousands of times). :data:`COLLECTED` counts each
-distinct ``(category, message, location)`` across ranks and jobs; the plugin prints them in
-one "rank warnings summary" after the tests, as pytest does for its own warnings.
+(the same few torch deprecations thousands of times). The session's :class:`RankWarnings`
+(``HarnessSession.warnings``) counts each distinct ``(category, message, location)`` across
+ranks and jobs; the plugin prints them in one "rank warnings summary" after the tests
+(:func:`write_summary`), as pytest does for its own warnings.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from harness.outcomes import Outcome
 
-__all__ = ["COLLECTED", "RankWarnings", "pytest_terminal_summary"]
+__all__ = ["RankWarnings", "write_summary"]
 
 Key = tuple[str, str, str, int]
 
@@ -65,15 +66,12 @@ def _first_line(message: str) -> str:
     return lines[0][:300] + more
 
 
-COLLECTED = RankWarnings()
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Print the rank warnings summary (nothing when no rank warned)."""
-    lines = COLLECTED.lines()
+def write_summary(terminalreporter: Any, warnings: RankWarnings) -> None:
+    """Print the rank warnings summary (nothing when no rank warned), then forget them."""
+    lines = warnings.lines()
     if not lines:
         return
     terminalreporter.write_sep("=", "rank warnings summary")
     for line in lines:
         terminalreporter.write_line(line)
-    COLLECTED.clear()
+    warnings.clear()

@@ -11,7 +11,7 @@ process groups. Two implement it:
   run, reached through torchrun's store; it cannot replace a rank.
 
 A third transport is one new module with a class that has the members below, and one branch
-in :func:`harness.api.pool_for` that makes it.
+in :meth:`harness.session.HarnessSession.pool_for` that makes it.
 """
 
 from __future__ import annotations

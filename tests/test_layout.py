@@ -143,3 +143,92 @@ def test_suites_helpers_live_on_one_side() -> None:
     assert top == sorted(SIDES)
     stray = [p.name for p in (ROOT / "suites").glob("*.py") if not p.name.startswith("test_")]
     assert sorted(stray) == ["__init__.py"], stray
+
+
+#: Module-level names in harness/ that functions may write, each with why it is not session
+#: state. Everything else a run holds lives on its harness.session.HarnessSession.
+PROCESS_STATE = {
+    "harness.session._ACTIVE": "the stack of sessions in force: the one process-wide handle",
+    "harness.attribution._LATE": "a rank's buffer of the running job's late violations",
+    "harness.sigterm._previous": "the process's SIGTERM handler before the plugin's",
+    "harness.sigterm._installed": "whether the process's SIGTERM handler is installed",
+    "harness.sigterm._depth": "how many nested pytest sessions installed it",
+    "harness.rankcoverage.rank._cov": "the coverage measurement of this (rank) process",
+    "harness.rankcoverage.rank._save_failed": "whether this rank already warned of a save",
+    "harness.fnref._REF_CACHE": "a cache of resolved function references (no state)",
+    "harness.context._FACTORIES": "a rank's cache of loaded strategy factories (no state)",
+}
+_MUTATORS = {
+    "append",
+    "extend",
+    "insert",
+    "remove",
+    "pop",
+    "popitem",
+    "clear",
+    "add",
+    "discard",
+    "update",
+    "setdefault",
+}
+
+
+def _written_module_names(tree: ast.Module) -> set[str]:
+    """Module-level names that a function declares ``global``, mutates with a container
+    method, assigns an item or attribute of, or deletes an item of."""
+    module_names = {
+        target.id
+        for node in tree.body
+        if isinstance(node, (ast.Assign, ast.AnnAssign))
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Name)
+    }
+    written: set[str] = set()
+    functions = [
+        n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    ]
+    for function in functions:
+        for node in ast.walk(function):
+            if isinstance(node, ast.Global):
+                written.update(node.names)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                base = node.func.value
+                if isinstance(base, ast.Name) and node.func.attr in _MUTATORS:
+                    written.add(base.id)
+            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+                targets = (
+                    node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+                )
+                for target in targets:
+                    if isinstance(target, (ast.Subscript, ast.Attribute)) and isinstance(
+                        target.value, ast.Name
+                    ):
+                        written.add(target.value.id)
+    return written & module_names
+
+
+def module_state(name: str, source: str) -> set[str]:
+    """The dotted names of the module-level names that functions of ``name`` write."""
+    return {f"{name}.{n}" for n in _written_module_names(ast.parse(source))}
+
+
+def test_no_module_level_session_state_in_harness() -> None:
+    """What a run holds (settings, pools, job ids, refusals, warnings, late violations, the
+    running check) lives on its session object, not in module globals."""
+    state: set[str] = set()
+    for name, path in _modules().items():
+        if name.startswith("harness"):
+            state |= module_state(name, path.read_text())
+    assert sorted(state - set(PROCESS_STATE)) == []
+    assert sorted(set(PROCESS_STATE) - state) == []  # the list names only what exists
+
+
+def test_the_state_scan_finds_globals_a_function_writes() -> None:
+    source = (
+        "_config = None\n_pools = {}\n_seen = []\nLIMIT = {'ci': 1}\n"
+        "def configure(x):\n    global _config\n    _config = x\n"
+        "def pool(n):\n    _pools[n] = object()\n"
+        "def note(v):\n    _seen.append(v)\n"
+        "def read():\n    return LIMIT['ci']\n"
+    )
+    assert module_state("m", source) == {"m._config", "m._pools", "m._seen"}

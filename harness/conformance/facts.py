@@ -1,7 +1,7 @@
 """The facts a report records about its run: versions, environment, strategy, reproducers.
 
-Options of the pool plugin (``--nproc``, ``--backend``, ``--strategy``, ...) are read with
-``config.getoption(name, None)``, so this module works with or without that plugin.
+The settings in force come from the run's harness session (:func:`harness.session.session_of`:
+the pool plugin's, or the default one when that plugin is not loaded).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from harness.api import current_config
-from harness.contract import DEFAULT_FACTORY, StrategyFactoryError, parse_strategy_options
+from harness.config import HarnessConfig, resolve_backend
+from harness.session import session_of
 
 __all__ = ["environment", "reproducer", "strategy", "suite_version"]
 
@@ -58,57 +58,30 @@ def _jsonable(value: Any) -> Any:
     return repr(value)
 
 
-def _harness_config() -> Any:
-    """The pool plugin's session settings (``harness.api.current_config()``), if loaded."""
-    api = sys.modules.get("harness.api")
-    current = getattr(api, "current_config", None)
-    return current() if callable(current) else None
-
-
 def strategy(config: pytest.Config) -> dict[str, Any]:
     """``{"factory": "module:callable", "options": {...}}`` of this run."""
-    harness_config = _harness_config()
-    if harness_config is not None:
-        factory, options = harness_config.strategy, harness_config.strategy_options
-        return {"factory": str(factory), "options": _jsonable(dict(options))}
-    factory = config.getoption("strategy", None)
-    factory = factory or os.environ.get("SHARDCHECK_STRATEGY") or DEFAULT_FACTORY
-    raw = config.getoption("strategy_option", None) or []
-    try:
-        options = parse_strategy_options(list(raw))
-    except StrategyFactoryError:
-        options = {"unparsed": list(raw)}
-    return {"factory": str(factory), "options": _jsonable(options)}
+    settings = session_of(config).config
+    return {
+        "factory": str(settings.strategy),
+        "options": _jsonable(dict(settings.strategy_options)),
+    }
 
 
-def _backend(config: pytest.Config, sizes: list[int]) -> str | None:
-    backend = config.getoption("backend", None)
-    api = sys.modules.get("harness.api")
-    resolve = getattr(api, "resolve_backend", None)
-    if backend == "auto" and callable(resolve):
+def _backend(backend: str, sizes: list[int]) -> str:
+    if backend == "auto":
         try:
-            backend = resolve("auto", max(sizes or [1]))
+            return resolve_backend("auto", max(sizes or [1]))
         except ValueError:
             pass
-    return None if backend is None else str(backend)
+    return backend
 
 
-def _device(backend: str | None) -> str:
+def _device(backend: str) -> str:
     torch = sys.modules.get("torch")
     if torch is None or backend == "gloo" or not torch.cuda.is_available():
         return "cpu"
     # device_count does not initialize CUDA in the controller (the ranks own the devices)
     return f"cuda ({torch.cuda.device_count()} devices)"
-
-
-def _pool_sizes() -> set[int]:
-    """World sizes of the rank pools this session started (read before they are stopped)."""
-    api = sys.modules.get("harness.api")
-    public = getattr(api, "world_sizes_used", None)
-    if callable(public):
-        return set(public())
-    pools = getattr(api, "_pools", None)  # until harness.api offers world_sizes_used()
-    return {int(size) for size in pools} if isinstance(pools, dict) else set()
 
 
 def environment(config: pytest.Config, world_sizes: Iterable[int]) -> dict[str, Any]:
@@ -119,12 +92,13 @@ def environment(config: pytest.Config, world_sizes: Iterable[int]) -> dict[str, 
         world_sizes: the sizes the checks that ran declared (``world_size`` marker/param);
             the sizes of the pools the session started are added.
     """
-    harness_config = _harness_config()
-    nproc = getattr(harness_config, "nproc", None) or config.getoption("nproc", None)
-    sizes = sorted(set(world_sizes) | _pool_sizes())
-    if not sizes and isinstance(nproc, int):
+    session = session_of(config)
+    settings = session.config
+    nproc = settings.nproc
+    sizes = sorted(set(world_sizes) | set(session.world_sizes_used()))
+    if not sizes:
         sizes = [nproc]
-    backend = _backend(config, sizes)
+    backend = _backend(settings.backend, sizes)
     return {
         "torch": _version("torch"),
         "python": platform.python_version(),
@@ -135,13 +109,13 @@ def environment(config: pytest.Config, world_sizes: Iterable[int]) -> dict[str, 
         "device": _device(backend),
         "nproc": nproc,
         "world_sizes": sizes,
-        "launcher": _launcher(harness_config),
+        "launcher": _launcher(settings),
     }
 
 
-def _launcher(harness_config: Any) -> str:
+def _launcher(settings: HarnessConfig) -> str:
     """``shardcheck pool`` (local ranks) or the torchrun shape of an attach-mode run."""
-    attach = getattr(harness_config, "attach", None)
+    attach = settings.attach
     if attach is None:
         return "shardcheck pool"
     return f"torchrun attach: {attach.nnodes} node(s) x {attach.local_world_size} ranks"
@@ -192,7 +166,7 @@ def reproducer(config: pytest.Config, nodeid: str, text: str) -> str:
     args = [str(a) for a in config.invocation_params.args]
     words = ["pytest", nodeid, *_carried(args)]
     if "--strategy" not in {w.partition("=")[0] for w in words}:
-        env_factory = os.environ.get("SHARDCHECK_STRATEGY")
+        env_factory = os.environ.get("SHARDCHECK_STRATEGY")  # the run's factory came from it
         if env_factory:
             words += ["--strategy", env_factory]
     seed = _SEED.search(text)
@@ -203,7 +177,7 @@ def reproducer(config: pytest.Config, nodeid: str, text: str) -> str:
     path = os.environ.get("PYTHONPATH")
     if path:  # the factory's module may be importable only through it
         line = f"PYTHONPATH={shlex.quote(path)} {line}"
-    attach = current_config().attach
+    attach = session_of(config).config.attach
     if attach is not None:  # the same check, on torchrun ranks of the same shape
         line = (
             f"torchrun --nnodes {attach.nnodes} --nproc-per-node {attach.local_world_size} "

@@ -19,13 +19,13 @@ from harness.conformance.checks import (
     load_expected_failures,
     not_run_reason,
 )
-from harness.conformance.economy import REFUSALS
 from harness.conformance.signatures import is_failure
 from harness.conformance.summary import write_summary
 from harness.conformance.triage import LATE_PREFIX, Triage, shrink_budget
-from harness.conformance.unsupported import rejecting, running, skip_exception
+from harness.conformance.unsupported import CheckWatch, rejecting, skip_exception
 from harness.contract import Unsupported
 from harness.report import CONFORMING, NOT_RUN, CheckResult, Report, write_report
+from harness.session import HarnessSession, session_of
 from harness.shrinking import quiet_budget_stops
 
 _FAMILY_WORDS = {"fsdp": "fsdp", "model_parallel": "model_parallel"}
@@ -110,10 +110,15 @@ class ConformancePlugin:
         self.matched_patterns: set[str] = set()
         self.report: Report | None = None
         self.triage = Triage(self.expected_late)
-        REFUSALS.clear()
+
+    @property
+    def harness(self) -> HarnessSession:
+        """The harness session of this run (the pool plugin's, when it is loaded)."""
+        return session_of(self.config)
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """Take the session (to stop it) and the shrink budget of the loaded profile."""
+        self.harness.remembered.clear()
         self.triage.start(session, shrink_budget(self.config))
 
     # -- collection -----------------------------------------------------------------------
@@ -166,22 +171,20 @@ class ConformancePlugin:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, Any, Any]:
-        """Make the item's check the one ``record_unsupported`` records on."""
+        """Watch the item's check on the harness session: its jobs (shrink budget, examples
+        that ran) and its refusals (``record_unsupported`` records on it)."""
         check = self.checks.get(item.nodeid)
         if check is None:
             return (yield)
-        from harness.api import jobs_dispatched
-        from harness.jobguard import set_job_guard
-
-        before = jobs_dispatched()
-        REFUSALS.begin_check()
-        guard = set_job_guard(lambda: self.triage.policy.before_job(check))
+        harness = self.harness
+        before = harness.last_job_id
+        harness.remembered.begin_check()
+        watch = CheckWatch(check, self.triage.policy)
         try:
-            with running(check), quiet_budget_stops(lambda: check.search_ended):
+            with harness.observing(watch), quiet_budget_stops(lambda: check.search_ended):
                 return (yield)
         finally:
-            set_job_guard(guard)
-            check.rank_jobs += jobs_dispatched() - before
+            check.rank_jobs += harness.last_job_id - before
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, Any, Any]:
@@ -229,7 +232,7 @@ class ConformancePlugin:
         if check is None:
             return
         check.duration_s += report.duration
-        self.triage.note_late(check)
+        self.triage.note_late(check, self.harness.take_late())
         outcome, message = classify_report(report)
         if outcome is not None:
             check.settle(outcome, message, failure_text(report))

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from harness.attribution import take_noted
+from harness.attribution import LateViolation
 from harness.conformance.checks import Check
 from harness.conformance.economy import SHRINK_SECONDS, ShrinkPolicy, attributed_clauses
 from harness.conformance.findings import Finding, Findings
@@ -87,9 +87,14 @@ class Triage:
             check.found_in = finding.first_check
         return finding
 
-    def note_late(self, check: Check) -> None:
-        """Findings from violations recorded after the check's property (its verdict stands)."""
-        for _rank, violation in take_noted():
+    def note_late(self, check: Check, noted: list[tuple[int, LateViolation]]) -> None:
+        """Findings from violations recorded after the check's property (its verdict stands).
+
+        Args:
+            check: the check whose jobs reported them.
+            noted: ``(rank, violation)`` pairs, from the harness session.
+        """
+        for _rank, violation in noted:
             elapsed = time.perf_counter() - self.started
             finding = self.findings.record(
                 late_attribution(violation),

@@ -2,12 +2,13 @@
 
 [Note: unsupported configurations] A strategy refuses a configuration by raising
 ``harness.Unsupported`` (``run_on_ranks`` re-raises it in the controller when every rank
-raised it). Outside Hypothesis, the check becomes the skip ``unsupported: option=value
-(reason)``. Inside a Hypothesis test, the example is recorded on the running check and
-rejected, so the other examples still run: the plugin wraps the test's
-``hypothesis.inner_test`` (the attribute Hypothesis lets plugins replace) for the duration
-of the call. Only when no example could run does the check become that skip. Suites may also
-call :func:`record_unsupported` and ``hypothesis.reject()`` themselves, or use
+raised it). It takes the session's one refusal path (:mod:`harness.refusals`): outside
+Hypothesis, the check becomes the skip ``unsupported: option=value (reason)``; inside a
+Hypothesis test, the example is recorded on the running check (the session tells the check's
+:class:`CheckWatch`) and rejected, so the other examples still run: the plugin wraps the
+test's ``hypothesis.inner_test`` (the attribute Hypothesis lets plugins replace) for the
+duration of the call. Only when no example could run does the check become that skip. Suites
+may also call :func:`record_unsupported` and ``hypothesis.reject()`` themselves, or use
 :func:`skip_or_reject_unsupported`; a ``reject()`` called while handling an ``Unsupported``
 is recorded as well (the rejection's ``__context__`` is that ``Unsupported``).
 """
@@ -17,35 +18,56 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
-import pytest
-
 from harness.conformance.checks import Check
-from harness.conformance.economy import REMEMBERED_IN_A_ROW, ShrinkPolicy, is_remembered
+from harness.conformance.economy import REMEMBERED_IN_A_ROW, ShrinkPolicy
 from harness.conformance.signatures import is_failure
 from harness.contract import Unsupported
+from harness.refusals import Refusal, skip_exception
+from harness.remembered import is_remembered
+from harness.session import current
 
 __all__ = [
+    "CheckWatch",
     "note_job_ran",
     "record_unsupported",
     "rejecting",
-    "running",
     "skip_exception",
     "skip_or_reject_unsupported",
 ]
 
-_ACTIVE: list[Check] = []  # the check whose test is running (a stack: pytester nests sessions)
 
+@dataclass
+class CheckWatch:
+    """The running check's observer on the harness session
+    (:class:`harness.session.CheckObserver`): counts the examples that ran, records refusals,
+    and lets the shrink policy end a search before a job.
 
-@contextmanager
-def running(check: Check) -> Iterator[None]:
-    """Make ``check`` the one :func:`record_unsupported` records on, for the ``with`` body."""
-    _ACTIVE.append(check)
-    try:
-        yield
-    finally:
-        _ACTIVE.remove(check)
+    Args:
+        check: the running check.
+        policy: the session's shrink policy (None: no budget).
+    """
+
+    check: Check
+    policy: ShrinkPolicy | None = None
+
+    def before_job(self) -> None:
+        """A job is about to be dispatched: the shrink budget may end the search here."""
+        if self.policy is not None:
+            self.policy.before_job(self.check)
+
+    def job_ran(self) -> None:
+        """A job of the check came back from the ranks: an example did run."""
+        self.check.examples_ran += 1
+        self.check.remembered_in_a_row = 0
+
+    def refused(self, refusal: Refusal) -> None:
+        """Record a strategy's refusal on the check (an environment refusal is not the
+        strategy's answer: the plugin turns it into the ``environment`` skip)."""
+        if isinstance(refusal, Unsupported):
+            _refused(self.check, refusal)
 
 
 def record_unsupported(exc: Unsupported) -> bool:
@@ -66,9 +88,10 @@ def record_unsupported(exc: Unsupported) -> bool:
             f"record_unsupported(exc={exc!r}) needs a harness.Unsupported, got "
             f"{type(exc).__name__}; catch Unsupported before recording it."
         )
-    if not _ACTIVE:
+    session = current()
+    if session.observer is None:
         return False
-    _refused(_ACTIVE[-1], exc)
+    session.record_refusal(exc)
     return True
 
 
@@ -91,14 +114,7 @@ def _refused(check: Check, exc: Unsupported) -> None:
 
 def note_job_ran() -> None:
     """A job of the running check came back from the ranks: an example did run."""
-    if _ACTIVE:
-        _ACTIVE[-1].examples_ran += 1
-        _ACTIVE[-1].remembered_in_a_row = 0
-
-
-def skip_exception(reason: str) -> BaseException:
-    """The skip pytest reports at the test's own location, with ``reason``."""
-    return pytest.skip.Exception(reason, _use_item_location=True)
+    current().job_ran()
 
 
 @contextmanager
@@ -111,30 +127,23 @@ def skip_or_reject_unsupported() -> Iterator[None]:
     try:
         yield
     except Unsupported as exc:
-        record_unsupported(exc)
-        import hypothesis
-
-        if hypothesis.currently_in_test_context():
-            hypothesis.reject()
-        raise skip_exception(exc.describe()) from None
+        current().refuse(exc)
 
 
 def rejecting(
     inner: Callable[..., Any], check: Check, policy: ShrinkPolicy | None = None
 ) -> Callable[..., Any]:
-    """Wrap a Hypothesis inner test: an ``Unsupported`` example is recorded and rejected.
+    """Wrap a Hypothesis inner test: an ``Unsupported`` example takes the session's refusal
+    path (recorded on the running check through its :class:`CheckWatch`, then rejected).
 
     Args:
         inner: the test's ``hypothesis.inner_test``.
-        check: the running check; counts the examples that ran and the unsupported ones.
+        check: the running check; counts the examples that ran.
         policy: decides which examples of a failing check are still worth running
             (:mod:`harness.conformance.economy`); None runs them all.
     """
     import hypothesis
     from hypothesis.errors import StopTest, UnsatisfiedAssumption
-
-    def refused(exc: Unsupported) -> None:
-        _refused(check, exc)
 
     @functools.wraps(inner)
     def example(*args: Any, **kwargs: Any) -> Any:
@@ -145,13 +154,12 @@ def rejecting(
         try:
             result = inner(*args, **kwargs)
         except Unsupported as exc:
-            refused(exc)
-            hypothesis.reject()
+            current().refuse(exc)
         except UnsatisfiedAssumption as exc:
             # a suite that caught Unsupported and called reject() itself: record it too
             cause = exc.__cause__ or exc.__context__
             if isinstance(cause, Unsupported):
-                refused(cause)
+                current().record_refusal(cause)
             raise
         except StopTest:
             raise  # Hypothesis ran out of data for this example: it did not run

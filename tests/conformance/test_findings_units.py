@@ -9,10 +9,11 @@ from hypothesis import strategies as st
 
 from harness import clause
 from harness.attribution import clause_of, take_late_violations
-from harness.conformance.economy import Refusals, attributed_clauses
+from harness.conformance.economy import attributed_clauses
 from harness.conformance.findings import Findings
 from harness.conformance.signatures import attribute, mask, named_clause
 from harness.contract import Unsupported
+from harness.remembered import RememberedRefusals
 from harness.report import CheckResult, FindingResult, Report, clause_outcomes
 from harness.report.diff import diff_reports
 
@@ -150,7 +151,7 @@ def test_report_round_trips_findings_and_diff_lists_new_ones() -> None:
 
 
 def test_refusals_are_remembered_per_family_and_option_value() -> None:
-    refusals = Refusals()
+    refusals = RememberedRefusals()
     options = {"precision": "16-true", "extra": {"cpu_offload": True}}
     refusals.remember("fsdp", options, Unsupported("no offload here", "cpu_offload", True))
     # the check that learned it does not use it: its examples must replay alike

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 import harness.api
+import harness.session
 from harness.attach.session import AttachInfo
 from suites.lib.controller import scenarios
 from suites.lib.controller.scenarios import available_world_sizes, job_world
@@ -20,7 +21,7 @@ def _session(monkeypatch: pytest.MonkeyPatch, nproc: int, attach_world: int | No
         else AttachInfo("127.0.0.1", 29500, "t", attach_world, attach_world, 1)
     )
     config = dataclasses.replace(harness.api.current_config(), nproc=nproc, attach=attach)
-    monkeypatch.setattr(harness.api, "_config", config)
+    monkeypatch.setattr(harness.session.current(), "config", config)
 
 
 @pytest.mark.parametrize("nproc", [2, 4, 8])

@@ -1,8 +1,9 @@
 """Sending a job to the ranks from the controller.
 
-:func:`run` calls ``harness.run_on_ranks`` and turns an ``Unsupported`` configuration into
-``hypothesis.reject()`` inside a Hypothesis test (the plugin records it). The jobs themselves
-are module-level functions on the rank side (:mod:`suites.lib.ranks`) or in the test modules.
+:func:`run` calls ``harness.run_on_ranks`` and hands an ``Unsupported`` configuration to the
+harness session's refusal path inside a Hypothesis test (recorded, then rejected). The jobs
+themselves are module-level functions on the rank side (:mod:`suites.lib.ranks`) or in the
+test modules.
 """
 
 from __future__ import annotations
@@ -17,39 +18,36 @@ __all__ = ["run"]
 
 
 def run(fn: Callable[..., Any], *args: Any, world_size: int) -> list[Any]:
-    """``harness.run_on_ranks``, with ``Unsupported`` turned into ``hypothesis.reject()``
-    inside a Hypothesis test (re-raised outside one, for the plugin to report).
+    """``harness.run_on_ranks``, with ``Unsupported`` taking the session's refusal path
+    inside a Hypothesis test (recorded and rejected; re-raised outside one, for the plugin to
+    report).
 
     A scenario among ``args`` whose option value the strategy already refused in this session
-    is refused again without a rank job (see :mod:`harness.conformance.economy`).
+    is refused again without a rank job (see :mod:`harness.remembered`).
     """
     from harness import Unsupported, run_on_ranks
-    from harness.conformance.economy import REFUSALS
-    from harness.conformance.unsupported import note_job_ran
+    from harness.session import current
 
+    session = current()
     scenarios = _scenarios_in(args)
     try:
         for scenario in scenarios:
-            known = REFUSALS.refused(scenario.family, scenario.options())
+            known = session.remembered.refused(scenario.family, scenario.options())
             if known is not None:
                 raise known  # a remembered refusal: no rank job
         try:
             values = run_on_ranks(fn, *args, world_size=world_size)
-            note_job_ran()
+            session.job_ran()
             return values
         except Unsupported as exc:
             for scenario in scenarios:
-                REFUSALS.remember(scenario.family, scenario.options(), exc)
+                session.remembered.remember(scenario.family, scenario.options(), exc)
             raise
     except Unsupported as exc:
-        from hypothesis import reject
         from hypothesis.control import currently_in_test_context
 
-        from harness.conformance import record_unsupported
-
         if currently_in_test_context():
-            record_unsupported(exc)  # also where the plugin cannot wrap the test (stateful)
-            reject()
+            session.refuse(exc)  # also where the plugin cannot wrap the test (stateful)
         raise
 
 

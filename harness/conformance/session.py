@@ -188,11 +188,12 @@ class ConformancePlugin:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, Any, Any]:
-        """An ``Unsupported`` raised by a fixture is the check's skip, not a setup error."""
+        """An ``Unsupported`` raised by a fixture is the check's skip, not a setup error (the
+        session's refusal path records it)."""
         try:
             return (yield)
         except Unsupported as exc:
-            raise skip_exception(exc.describe()) from None
+            self.harness.refuse(exc)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, Any]:
@@ -209,8 +210,8 @@ class ConformancePlugin:
             handle.inner_test = rejecting(inner, check, self.triage.policy)  # type: ignore[union-attr]
         try:
             result = yield
-        except Unsupported as exc:
-            raise skip_exception(exc.describe()) from None
+        except Unsupported as exc:  # a test outside Hypothesis: the refusal path skips it
+            self.harness.refuse(exc)
         except (Unsatisfiable, FailedHealthCheck):
             if check.unsupported and check.examples_ran == 0:
                 raise skip_exception(check.unsupported_reason()) from None

@@ -23,7 +23,7 @@ import itertools
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, NoReturn, Protocol
@@ -69,6 +69,9 @@ class CheckObserver(Protocol):
 
     def refused(self, refusal: Refusal) -> None:
         """An example was refused (may raise the check's skip when it gives up)."""
+
+    def exercised(self, axes: Mapping[str, Sequence[str]]) -> None:
+        """A job ran a configuration with these values on the main axes."""
 
 
 class HarnessSession:
@@ -246,6 +249,12 @@ class HarnessSession:
         """A job of the running check came back (the suites' dispatch calls this)."""
         if self.observer is not None:
             self.observer.job_ran()
+
+    def note_exercised(self, axes: Mapping[str, Sequence[str]]) -> None:
+        """A job of the running check ran (pass or fail) a configuration with these values on
+        the main axes (the suites' dispatch calls this; the coverage table counts them)."""
+        if self.observer is not None:
+            self.observer.exercised(axes)
 
     # -- what jobs leave behind -----------------------------------------------------------
 

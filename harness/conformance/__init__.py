@@ -17,7 +17,8 @@ Modules: :mod:`~harness.conformance.checks` (ids, outcomes, the expected-failure
 :mod:`~harness.conformance.signatures` (what one failure is), :mod:`~harness.conformance.findings`
 (failures grouped by root cause),
 :mod:`~harness.conformance.triage` (clause isolation, late violations, stopping early),
-:mod:`~harness.conformance.economy` (shrink budgets, remembered refusals).
+:mod:`~harness.conformance.economy` (shrink budgets),
+:mod:`~harness.conformance.coverage` (pairs of configuration values exercised).
 """
 
 from __future__ import annotations

@@ -77,6 +77,7 @@ class Check:
     found_in: str = ""  # the check that found (and shrank) its finding first, when another
     draws_in_body: bool = False  # its Hypothesis test draws with st.data() in its body
     search_ended: bool = False  # its shrink budget ended Hypothesis' search (not Hypothesis)
+    exercised: list[dict[str, tuple[str, ...]]] = field(default_factory=list)  # axis values run
 
     def record_unsupported(self, description: str) -> None:
         """Remember one ``unsupported: ...`` description (each distinct one once)."""

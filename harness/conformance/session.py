@@ -19,6 +19,7 @@ from harness.conformance.checks import (
     load_expected_failures,
     not_run_reason,
 )
+from harness.conformance.coverage import coverage_of
 from harness.conformance.signatures import is_failure
 from harness.conformance.summary import write_summary
 from harness.conformance.triage import LATE_PREFIX, Triage, shrink_budget
@@ -305,6 +306,7 @@ class ConformancePlugin:
             findings=self.triage.finding_results(
                 checks, {c.id: c.text for c in self.checks.values()}
             ),
+            coverage=coverage_of(self.checks.values()),
         )
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:

@@ -16,6 +16,7 @@ from harness.report import (
     clause_family_outcomes,
     clause_outcomes,
 )
+from harness.report.markdown import coverage_line
 
 __all__ = ["finding_lines", "headline", "summary_lines", "write_summary"]
 
@@ -92,6 +93,8 @@ def summary_lines(config: pytest.Config, report: Report) -> list[str]:
     counts = ", ".join(f"{n} {o}" for o, n in report.counts().items() if n)
     named = len([c for c in clauses if c != NO_CLAUSE])
     lines = [f"checks: {counts or 'none'} ({len(report.checks)} checks, {named} clauses)"]
+    if report.coverage:
+        lines.append(coverage_line(report.coverage))
     lines += finding_lines(report)
     for clause, (outcome, members) in clauses.items():
         if outcome == "passed":

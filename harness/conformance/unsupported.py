@@ -16,7 +16,7 @@ is recorded as well (the rejection's ``__context__`` is that ``Unsupported``).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +68,12 @@ class CheckWatch:
         strategy's answer: the plugin turns it into the ``environment`` skip)."""
         if isinstance(refusal, Unsupported):
             _refused(self.check, refusal)
+
+    def exercised(self, axes: Mapping[str, Sequence[str]]) -> None:
+        """Keep the axis values a job of the check ran (for the coverage table)."""
+        entry = {name: tuple(values) for name, values in axes.items()}
+        if entry not in self.check.exercised:
+            self.check.exercised.append(entry)
 
 
 def record_unsupported(exc: Unsupported) -> bool:

@@ -104,9 +104,37 @@ def _finding_lines(report: Report) -> list[str]:
     return lines
 
 
+def coverage_line(coverage: dict[str, Any]) -> str:
+    """The one-line coverage figure (``""`` when no job reported its axes)."""
+    if not coverage:
+        return ""
+    return (
+        f"pairs of configuration values covered: {coverage['pairs_covered']} of "
+        f"{coverage['pairs_supported']} supported (exercised by a passing check / reached "
+        "the ranks at all)"
+    )
+
+
+def _coverage_lines(coverage: dict[str, Any]) -> list[str]:
+    if not coverage:
+        return []
+    lines = ["", "## Configuration coverage", "", coverage_line(coverage) + ".", ""]
+    lines += ["| axis | values exercised |", "|---|---|"]
+    lines += [f"| {axis} | {_cell(', '.join(v))} |" for axis, v in coverage["values"].items()]
+    lines += ["", "| axes | covered | supported | not covered |", "|---|---|---|---|"]
+    for row in coverage["by_axes"]:
+        gap = row["supported"] - row["covered"]
+        missing = ", ".join(f"{a} x {b}" for a, b in row["missing"])
+        if gap > len(row["missing"]):
+            missing += f" (+{gap - len(row['missing'])} more)"
+        axes = " x ".join(row["axes"])
+        lines.append(f"| {axes} | {row['covered']} | {row['supported']} | {_cell(missing)} |")
+    return lines
+
+
 def render_markdown(report: Report) -> str:
     """``report.md``: counts, the findings, the clause table (by family where checks name
-    one), failures, then checks not run."""
+    one), the configuration coverage, failures, then checks not run."""
     lines = _header_lines(report)
     lines += _finding_lines(report)
     by_family = clause_family_outcomes(report.checks, report.findings)
@@ -126,6 +154,7 @@ def render_markdown(report: Report) -> str:
         ]
         split = "".join(f"{by_family.get(clause, {}).get(f, '-')} | " for f in families)
         lines.append(f"| {clause} | {outcome} | {split}{len(members)} | {_cell(', '.join(bad))} |")
+    lines += _coverage_lines(report.coverage)
     failures = [c for c in report.checks if c.outcome in ("failed", "blocked", "error", "xfailed")]
     lines += ["", "## Failures", ""]
     if not failures:

@@ -166,6 +166,9 @@ class Report:
         selection: how checks were selected: ``clauses`` (the ``--clauses`` value or None) and
             ``deselected`` (ids of checks that were collected but not run).
         expected_failures: ``file`` and ``unmatched`` (ids in it that matched no test).
+        findings: the failures grouped by root cause.
+        coverage: the pairs of configuration-axis values the checks exercised
+            (:func:`harness.conformance.coverage.coverage_of`; empty when none reported).
     """
 
     suite_version: str
@@ -176,6 +179,7 @@ class Report:
     expected_failures: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
     findings: list[FindingResult] = field(default_factory=list)
+    coverage: dict[str, Any] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         """The number of checks per outcome (every outcome present, zeros included)."""
@@ -200,6 +204,7 @@ class Report:
             "selection": self.selection,
             "expected_failures": self.expected_failures,
             "findings": [asdict(finding) for finding in self.findings],
+            "coverage": self.coverage,
             "checks": [asdict(check) for check in self.checks],
         }
 
@@ -240,6 +245,7 @@ class Report:
             expected_failures=data.get("expected_failures", {}),
             schema_version=data["schema_version"],
             findings=findings,
+            coverage=data.get("coverage", {}),
         )
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import is_dataclass
 from typing import Any
 
+from suites.lib.shared.axes import scenario_axes
 from suites.lib.shared.specs import Scenario
 
 __all__ = ["run"]
@@ -25,7 +26,7 @@ def run(fn: Callable[..., Any], *args: Any, world_size: int) -> list[Any]:
     A scenario among ``args`` whose option value the strategy already refused in this session
     is refused again without a rank job (see :mod:`harness.remembered`).
     """
-    from harness import Unsupported, run_on_ranks
+    from harness import RankFailure, Unsupported, run_on_ranks
     from harness.session import current
 
     session = current()
@@ -37,18 +38,37 @@ def run(fn: Callable[..., Any], *args: Any, world_size: int) -> list[Any]:
                 raise known  # a remembered refusal: no rank job
         try:
             values = run_on_ranks(fn, *args, world_size=world_size)
-            session.job_ran()
-            return values
         except Unsupported as exc:
             for scenario in scenarios:
                 session.remembered.remember(scenario.family, scenario.options(), exc)
             raise
+        except RankFailure:  # the job ran and failed: its configuration reached the ranks
+            for axes in _axes_in(args):
+                session.note_exercised(axes)
+            raise
+        for axes in _axes_in(args):
+            session.note_exercised(axes)
+        session.job_ran()
+        return values
     except Unsupported as exc:
         from hypothesis.control import currently_in_test_context
 
         if currently_in_test_context():
             session.refuse(exc)  # also where the plugin cannot wrap the test (stateful)
         raise
+
+
+def _axes_in(args: tuple[Any, ...]) -> list[dict[str, tuple[str, ...]]]:
+    """The axis values of the scenarios among ``args`` (a checkpoint plan's with its format)."""
+    found: list[dict[str, tuple[str, ...]]] = []
+    for arg in args:
+        if isinstance(arg, Scenario):
+            found.append(scenario_axes(arg))
+        elif is_dataclass(arg) and not isinstance(arg, type):
+            fmt = getattr(arg, "fmt", None)
+            fmt = fmt if isinstance(fmt, str) else None
+            found += [scenario_axes(v, fmt) for v in vars(arg).values() if isinstance(v, Scenario)]
+    return found
 
 
 def _scenarios_in(args: tuple[Any, ...]) -> list[Scenario]:

@@ -1,0 +1,67 @@
+"""The configuration axes a scenario exercises, for the run's coverage table.
+
+:func:`scenario_axes` names, for one scenario (and the checkpoint format it saves or loads
+in, if any), the value it takes on each main axis: family, sharding layout, precision, wrap
+kind, world size, checkpoint format and the model zoo's kinds. The controller reports them
+for every job it dispatches (:func:`suites.lib.controller.dispatch.run`); the conformance
+plugin counts the pairs of values exercised by the jobs of passing checks
+(:mod:`harness.conformance.coverage`).
+"""
+
+from __future__ import annotations
+
+from suites.lib.shared.specs import FSDPConfig, Scenario
+
+__all__ = ["AXES", "scenario_axes"]
+
+#: the axes, in the order the coverage table shows them
+AXES = ("family", "sharding", "precision", "wrap", "world_size", "checkpoint", "model")
+
+
+def _sharding(scenario: Scenario) -> str:
+    strategy = scenario.strategy
+    if isinstance(strategy, FSDPConfig):
+        return strategy.sharding_strategy
+    dp, tp = strategy.data_parallel_size, strategy.tensor_parallel_size
+    if dp > 1 and tp > 1:
+        return "dp+tp"
+    return "tp" if tp > 1 else "dp" if dp > 1 else "one rank"
+
+
+def _wrap(scenario: Scenario) -> str:
+    strategy = scenario.strategy
+    if isinstance(strategy, FSDPConfig):
+        return strategy.wrap.kind
+    return "fully_shard " + ("+".join(sorted(strategy.fsdp_classes)) or "root only")
+
+
+def _model_kinds(scenario: Scenario) -> tuple[str, ...]:
+    model = scenario.model
+    kinds = [block.kind for block in model.blocks]
+    if model.tied:
+        kinds.append("tied embedding")
+    if model.frozen:
+        kinds.append("frozen parameters")
+    if model.scale:
+        kinds.append("buffers")
+    return tuple(sorted(set(kinds)))
+
+
+def scenario_axes(scenario: Scenario, fmt: str | None = None) -> dict[str, tuple[str, ...]]:
+    """The values ``scenario`` takes on each axis (the model axis may take several).
+
+    Args:
+        scenario: the scenario a job runs.
+        fmt: the checkpoint format the job saves or loads in (``full``/``sharded``), if any.
+    """
+    axes = {
+        "family": (scenario.family,),
+        "sharding": (_sharding(scenario),),
+        "precision": (scenario.precision,),
+        "wrap": (_wrap(scenario),),
+        "world_size": (str(scenario.world_size),),
+        "model": _model_kinds(scenario),
+    }
+    if fmt is not None:
+        axes["checkpoint"] = (fmt,)
+    return axes

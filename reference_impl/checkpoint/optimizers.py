@@ -13,11 +13,30 @@ Adam and SGD with momentum, cannot split one FSDP1 unit; give each its own unit.
 never stepped (a zero-learning-rate step) before reading it; when saving we undo that, so
 saving never changes training and such an optimizer is saved with an empty ``state``, as
 its own ``state_dict()`` would be.
+
+[Note: trainable parameters without optimizer state] A parameter may train
+(``requires_grad``) while no optimizer holds it yet (a recipe that builds its optimizer over
+part of the model and adds the rest later with ``add_param_group``, TRAIN-4), or while its
+newly added group has not stepped yet. torch's FSDP1 reader then raises ("... is not in the
+optimizer state"): it needs every trainable parameter of a flat parameter in the state once
+any has state. Such a parameter has no optimizer state to save, so while saving we mark it
+frozen (torch then treats its part of the flat parameter as padding) and set it back
+afterwards. The target that a sharded load reads into is different: there every parameter
+of an optimizer that stepped first gets a state (as torch does for an optimizer that never
+stepped; frozen ones too), so that the checkpoint's state for it is loaded; what the
+checkpoint does not hold is dropped after the load (``finish_optimizer_load``).
+
+[Note: frozen parameters keep their state] torch's loader skips the saved state of a
+frozen parameter (``requires_grad=False``), though its reader saves it. A parameter frozen
+after it stepped keeps its optimizer state through a checkpoint (TRAIN-4): while loading,
+the frozen parameters whose state the checkpoint holds are marked trainable, then frozen
+again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -32,7 +51,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.optim import Optimizer
 
 from reference_impl.checkpoint.local_shards import holds_dtensors, shard_optimizer_state
-from reference_impl.checkpoint.state import finish_optimizer_load, state_dict_options
+from reference_impl.checkpoint.state import clean_name, finish_optimizer_load, state_dict_options
 
 __all__ = ["CombinedOptimizer", "load_optimizer_states", "read_optimizer_states"]
 
@@ -107,12 +126,80 @@ def _split(osd: dict[str, Any], optimizers: Sequence[Optimizer]) -> list[dict[st
 def _never_stepped(optimizers: Sequence[Optimizer]) -> list[bool]:
     """Which optimizers have no state on any rank (an FSDP1 rank holding no part of an
     optimizer's parameters has none of its state, though the optimizer stepped)."""
-    local = [not opt.state for opt in optimizers]
+    return _on_every_rank([not opt.state for opt in optimizers])
+
+
+def _on_every_rank(local: list[bool]) -> list[bool]:
+    """``local`` and-ed over the ranks (every rank passes as many flags)."""
     if not (dist.is_available() and dist.is_initialized()):
         return local
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, local)
     return [all(flags) for flags in zip(*everyone, strict=True)]
+
+
+def _held(optimizers: Sequence[Optimizer]) -> list[nn.Parameter]:
+    return [p for opt in optimizers for group in opt.param_groups for p in group["params"]]
+
+
+@contextmanager
+def _requires_grad(params: Sequence[nn.Parameter], value: bool) -> Iterator[None]:
+    """``params`` with ``requires_grad=value`` inside, set back afterwards."""
+    for param in params:
+        param.requires_grad_(value)
+    try:
+        yield
+    finally:
+        for param in params:
+            param.requires_grad_(not value)
+
+
+def _stateless_for_read(
+    module: nn.Module, optimizers: Sequence[Optimizer], never_stepped: Sequence[bool]
+) -> list[nn.Parameter]:
+    """On an FSDP1 model, the trainable parameters to read as frozen (a collective): those no
+    optimizer holds, and those an optimizer that stepped holds without state on any rank
+    (see [Note: trainable parameters without optimizer state])."""
+    if not FSDP.fsdp_modules(module):
+        return []
+    held = {id(p) for p in _held(optimizers)}
+    trainable = [p for p in module.parameters() if p.requires_grad]
+    stepped = [opt for opt, fresh in zip(optimizers, never_stepped, strict=True) if not fresh]
+    stepped_ids = {id(p) for p in _held(stepped)}
+    candidates = [p for p in trainable if id(p) in stepped_ids]
+    stateless = _on_every_rank([not any(p in opt.state for opt in stepped) for p in candidates])
+    return [p for p in trainable if id(p) not in held] + [
+        p for p, none in zip(candidates, stateless, strict=True) if none
+    ]
+
+
+@torch.no_grad()
+def _init_missing_state(optimizers: Sequence[Optimizer]) -> None:
+    """Give each parameter of an optimizer that stepped, but has no state yet, the state a
+    step creates (zero gradients, a zero learning rate, only those parameters), as torch
+    does for an optimizer that never stepped: a target to load a checkpoint's state into."""
+    for opt in optimizers:
+        if not opt.state:
+            continue  # torch initializes it
+        params = _held([opt])
+        missing = [p for p in params if p not in opt.state]
+        if not missing:
+            continue
+        grads = [p.grad for p in params]
+        lrs = [group["lr"] for group in opt.param_groups]
+        for param in params:
+            param.grad = None
+        for param in missing:
+            param.grad = torch.zeros_like(param)
+        for group in opt.param_groups:
+            group["lr"] = torch.zeros_like(group["lr"]) if torch.is_tensor(group["lr"]) else 0.0
+        try:
+            opt.step()
+        finally:
+            for group, lr in zip(opt.param_groups, lrs, strict=True):
+                group["lr"] = lr
+            for param, grad in zip(params, grads, strict=True):
+                param.grad = grad
 
 
 def read_optimizer_states(
@@ -136,12 +223,18 @@ def read_optimizer_states(
         return []
     never_stepped = _never_stepped(optimizers)
     options = state_dict_options(module, full=full)
-    if _combine(module, optimizers):
-        combined = CombinedOptimizer(optimizers)
-        osd = get_optimizer_state_dict(module, combined, options=options)
-        osds = _split(dict(osd), optimizers) if osd else [{} for _ in optimizers]
-    else:
-        osds = [dict(get_optimizer_state_dict(module, o, options=options)) for o in optimizers]
+    wake: list[nn.Parameter] = []
+    if keep_init:  # a target to load into: every held parameter gets a state
+        _init_missing_state(optimizers)
+        wake = [p for p in _held(optimizers) if not p.requires_grad]
+    quiet = _stateless_for_read(module, optimizers, never_stepped)
+    with _requires_grad(wake, True), _requires_grad(quiet, False):
+        if _combine(module, optimizers):
+            combined = CombinedOptimizer(optimizers)
+            osd = get_optimizer_state_dict(module, combined, options=options)
+            osds = _split(dict(osd), optimizers) if osd else [{} for _ in optimizers]
+        else:
+            osds = [dict(get_optimizer_state_dict(module, o, options=options)) for o in optimizers]
     if not keep_init:
         for opt, osd, fresh in zip(optimizers, osds, never_stepped, strict=True):
             if fresh:
@@ -173,6 +266,24 @@ def _load_options(full: bool, osds: Sequence[dict[str, Any]]) -> StateDictOption
     return StateDictOptions(full_state_dict=full and _has_sharded_values(osds), strict=False)
 
 
+def _unheld(module: nn.Module, optimizers: Sequence[Optimizer]) -> list[nn.Parameter]:
+    """On an FSDP1 model, the trainable parameters no optimizer holds."""
+    if not FSDP.fsdp_modules(module):
+        return []
+    held = {id(p) for p in _held(optimizers)}
+    return [p for p in module.parameters() if p.requires_grad and id(p) not in held]
+
+
+def _frozen_with_state(
+    module: nn.Module, optimizers: Sequence[Optimizer], osds: Sequence[dict[str, Any]]
+) -> list[nn.Parameter]:
+    """Frozen parameters the optimizers hold whose state ``osds`` carries (torch's loader
+    drops the state of a frozen parameter: see [Note: frozen parameters keep their state])."""
+    names = {id(p): clean_name(n) for n, p in module.named_parameters()}
+    saved = {name for osd in osds for name in osd.get("state", {})}
+    return [p for p in _held(optimizers) if not p.requires_grad and names.get(id(p)) in saved]
+
+
 def load_optimizer_states(
     module: nn.Module,
     optimizers: Sequence[Optimizer],
@@ -193,16 +304,21 @@ def load_optimizer_states(
     if full and holds_dtensors(module):  # see [Note: full state onto strided shards]
         osds = [shard_optimizer_state(module, osd) for osd in osds]
         full = False
-    if _combine(module, optimizers):
-        combined = CombinedOptimizer(optimizers)
-        merged: dict[str, Any] = {
-            "state": {k: v for osd in osds for k, v in osd["state"].items()},
-            "param_groups": [group for osd in osds for group in osd["param_groups"]],
-        }
-        set_optimizer_state_dict(module, combined, merged, options=_load_options(full, [merged]))
-        combined.write_back()
-    else:
-        for opt, osd in zip(optimizers, osds, strict=True):
-            set_optimizer_state_dict(module, opt, osd, options=_load_options(full, [osd]))
+    with (
+        _requires_grad(_frozen_with_state(module, optimizers, osds), True),
+        _requires_grad(_unheld(module, optimizers), False),
+    ):
+        if _combine(module, optimizers):
+            combined = CombinedOptimizer(optimizers)
+            merged: dict[str, Any] = {
+                "state": {k: v for osd in osds for k, v in osd["state"].items()},
+                "param_groups": [group for osd in osds for group in osd["param_groups"]],
+            }
+            options = _load_options(full, [merged])
+            set_optimizer_state_dict(module, combined, merged, options=options)
+            combined.write_back()
+        else:
+            for opt, osd in zip(optimizers, osds, strict=True):
+                set_optimizer_state_dict(module, opt, osd, options=_load_options(full, [osd]))
     for opt, osd in zip(optimizers, osds, strict=True):
         finish_optimizer_load(module, opt, osd)

@@ -209,6 +209,17 @@ TRAINING = Section(
             "train exactly like even sizes.",
         ),
         Clause(
+            "TRAIN-4",
+            "What a fine-tuning recipe changes between two steps keeps TRAIN-1 parity from "
+            "the next step on: `requires_grad=False` on a parameter the optimizer already holds "
+            "state for, `requires_grad=True` again on a frozen one, and "
+            "`optimizer.add_param_group(...)` with parameters of the set-up module. A "
+            "checkpoint saved after such a change holds the frozen parameter's optimizer state "
+            "and the added group, and loads back into objects with the same changes (see "
+            "CKPT-STRICT-3). A change the strategy cannot support raises a clear error that "
+            "names it.",
+        ),
+        Clause(
             "SYNC-1",
             "Inside `no_backward_sync(module, enabled=True)` no gradient is reduced across "
             "ranks: n micro-batches accumulated this way followed by one synchronized backward "

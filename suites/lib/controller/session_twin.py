@@ -1,0 +1,142 @@
+"""Controller side of the training-session check: the plain, unsharded twin.
+
+:class:`Twin` holds the plain fp32 model and optimizer, takes every op the sharded session
+takes (steps on every data-parallel rank's data, freezing, added groups) and can snapshot
+and restore itself as a checkpoint would. :func:`assert_matches` compares a rank's gathered
+model and optimizer state (step counts and group hyper-parameters included) with it.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from suites.lib.controller.oracles import (
+    assert_close,
+    assert_close_state,
+    named_optim_state,
+    reference_model,
+)
+from suites.lib.controller.tolerances import Tolerance
+from suites.lib.shared.models import clean_name, make_batch
+from suites.lib.shared.session_ops import AddGroup, Freeze, Step, Structure, after
+from suites.lib.shared.specs import Scenario
+
+__all__ = ["Snapshot", "Twin", "assert_matches"]
+
+Snapshot = tuple[dict[str, Tensor], dict[str, Any], Structure]
+
+
+class Twin:
+    """The plain model and optimizer, trained in this process on every dp rank's data."""
+
+    def __init__(self, scenario: Scenario, held: tuple[str, ...]) -> None:
+        self.scenario = scenario
+        self.held = held
+        self.model = reference_model(scenario)
+        self.fixed = frozenset(n for n, p in self._params().items() if not p.requires_grad)
+        self.structure = Structure()
+        self.optimizer = self._fresh_optimizer()
+        self.steps = 0
+
+    def _params(self) -> dict[str, nn.Parameter]:
+        return {clean_name(n): p for n, p in self.model.named_parameters()}
+
+    def _fresh_optimizer(self) -> torch.optim.Optimizer:
+        named = [(n, p) for n, p in self._params().items() if n not in self.held]
+        optimizer = self.scenario.optim.build(named)
+        for group in self.structure.groups:
+            optimizer.add_param_group({"params": [self._params()[group.name]], "lr": group.lr})
+        return optimizer
+
+    def step(self, step: Step, dp: int) -> None:
+        """One step as the sharded run takes it with ``dp`` data-parallel ranks."""
+        plan = self.scenario.plan
+        for micro in range(step.micro):
+            for r in range(dp):
+                x, y = make_batch(
+                    self.scenario.model, plan.data_seed, step.index, micro, r, plan.batch_size
+                )
+                (F.mse_loss(self.model(x).float(), y) / (dp * step.micro)).backward()
+        if step.clip is not None:
+            params = [p for p in self.model.parameters() if p.grad is not None]
+            torch.nn.utils.clip_grad_norm_(params, step.clip)
+        self.optimizer.step()
+        # the model's zero_grad, not the optimizer's: the held-back parameter's gradient
+        # must not carry over a step (see the session jobs' _take_step)
+        self.model.zero_grad()
+        self.steps += 1
+
+    def change(self, op: Freeze | AddGroup) -> None:
+        """Freeze/unfreeze a parameter or add a parameter group."""
+        param = self._params()[op.name]
+        if isinstance(op, Freeze):
+            param.requires_grad_(not op.frozen)
+        else:
+            self.optimizer.add_param_group({"params": [param], "lr": op.lr})
+        self.structure = after(self.structure, op)
+
+    def snapshot(self) -> Snapshot:
+        """Model state, optimizer state and structure (deep copies)."""
+        return (
+            copy.deepcopy(self.model.state_dict()),
+            copy.deepcopy(self.optimizer.state_dict()),
+            self.structure,
+        )
+
+    def restore(self, snapshot: Snapshot) -> None:
+        """Go back to a snapshot, as loading it into objects of its structure would."""
+        model, optim, self.structure = copy.deepcopy(snapshot)
+        self.model.load_state_dict(model)
+        for name, param in self._params().items():
+            param.requires_grad_(name not in self.structure.frozen | self.fixed)
+        self.optimizer = self._fresh_optimizer()
+        self.optimizer.load_state_dict(optim)
+
+    def expected(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        """The model state and the optimizer state keyed by names."""
+        model = {k: v.detach() for k, v in self.model.state_dict().items()}
+        return model, named_optim_state(self.model, self.optimizer)
+
+
+def assert_matches(out: dict[str, Any], twin: Twin, tol: Tolerance, *, what: str) -> None:
+    """``out`` (a rank's gathered model and optimizer state) equals the twin's."""
+    model, optim = twin.expected()
+    assert_close_state(out["model"], model, tol, what=f"{what}: parameter/buffer")
+    got = out["optim"]
+    got_state = {clean_name(k): v for k, v in got["state"].items()}
+    assert set(got_state) == set(optim["state"]), (
+        f"TRAIN-4: {what}: optimizer state for {sorted(got_state)}, "
+        f"the plain optimizer has it for {sorted(optim['state'])}"
+    )
+    for name, expected in optim["state"].items():
+        for key, value in expected.items():
+            actual = got_state[name].get(key)
+            assert actual is not None, f"TRAIN-4: {what}: no optimizer state {key!r} of {name}"
+            assert_close(
+                torch.as_tensor(actual).float(),
+                torch.as_tensor(value).float(),
+                tol,
+                name=f"{what}: optimizer state {key!r} of {name}",
+            )
+    _assert_groups(got["param_groups"], optim["param_groups"], what)
+
+
+def _assert_groups(got: list[dict], expected: list[dict], what: str) -> None:
+    assert len(got) == len(expected), (
+        f"TRAIN-4: {what}: {len(got)} parameter groups, the plain optimizer has {len(expected)}"
+    )
+    for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+        names = sorted(clean_name(str(p)) for p in g["params"])
+        assert names == sorted(e["params"]), (
+            f"TRAIN-4: {what}: group {i} holds {names}, expected {sorted(e['params'])}"
+        )
+        for key in ("lr", "weight_decay", "momentum", "eps"):
+            if key in e:
+                assert g.get(key) == e[key], (
+                    f"TRAIN-4: {what}: group {i} {key}={g.get(key)!r}, expected {e[key]!r}"
+                )

@@ -1,0 +1,113 @@
+"""The operations of a training session (SPEC.md TRAIN-4), as data both sides read.
+
+The controller's state machine (``suites/test_training_session.py``) draws them and its plain
+twin (:mod:`suites.lib.controller.session_twin`) applies them in this process; a
+:class:`Segment` of them crosses to the ranks, which replay it
+(:mod:`suites.lib.ranks.session_jobs`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from suites.lib.shared.specs import Scenario
+
+__all__ = [
+    "AddGroup",
+    "Freeze",
+    "Load",
+    "Op",
+    "Rebuild",
+    "Save",
+    "Segment",
+    "Step",
+    "Structure",
+    "after",
+]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One optimizer step: global data index, micro-batches, clip ``max_norm`` or None."""
+
+    index: int
+    micro: int
+    clip: float | None
+
+
+@dataclass(frozen=True)
+class Freeze:
+    """Set ``requires_grad`` of parameter ``name`` to ``not frozen``."""
+
+    name: str
+    frozen: bool = True
+
+
+@dataclass(frozen=True)
+class AddGroup:
+    """``optimizer.add_param_group`` with parameter ``name`` at learning rate ``lr``."""
+
+    name: str
+    lr: float
+
+
+@dataclass(frozen=True)
+class Save:
+    """Save model and optimizer to ``path`` in format ``fmt`` (``full`` or ``sharded``)."""
+
+    path: str
+    fmt: str
+
+
+@dataclass(frozen=True)
+class Load:
+    """Load ``path`` into the live model and optimizer."""
+
+    path: str
+    strict: bool
+
+
+@dataclass(frozen=True)
+class Rebuild:
+    """Save to ``path``, tear the strategy down, build it again and load ``path``."""
+
+    path: str
+
+
+@dataclass(frozen=True)
+class Structure:
+    """The session's structural changes so far: frozen names and added groups (in order)."""
+
+    frozen: frozenset[str] = frozenset()
+    groups: tuple[AddGroup, ...] = ()
+
+
+Op = Step | Freeze | AddGroup | Save | Load | Rebuild
+
+
+@dataclass
+class Segment:
+    """Set up ``scenario`` (with ``structure`` applied and ``source`` loaded), then ``ops``.
+
+    ``held`` names the parameters the optimizer is built without (added as groups later).
+    With ``probe`` (a checkpoint path), the job also saves the state the ops reach there and
+    loads it into fresh objects of the same structure: what the check compares twice.
+    """
+
+    scenario: Scenario
+    fmt: str
+    held: tuple[str, ...]
+    structure: Structure = field(default_factory=Structure)
+    source: str | None = None
+    strict: bool = True
+    ops: list[Op] = field(default_factory=list)
+    probe: str | None = None
+
+
+def after(structure: Structure, op: Freeze | AddGroup) -> Structure:
+    """``structure`` once ``op`` is applied."""
+    if isinstance(op, AddGroup):
+        return dataclasses.replace(structure, groups=(*structure.groups, op))
+    frozen = structure.frozen | {op.name} if op.frozen else structure.frozen - {op.name}
+    return dataclasses.replace(structure, frozen=frozenset(frozen))

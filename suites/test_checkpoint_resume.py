@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-import torch
-import torch.nn.functional as F
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -37,24 +35,19 @@ from hypothesis.stateful import (
 
 from suites.lib.controller.checkpoint_plans import FAMILIES, load_scenarios
 from suites.lib.controller.dispatch import run
-from suites.lib.controller.oracles import assert_close_state, reference_model
+from suites.lib.controller.oracles import (
+    assert_close_state,
+    backward_plain_step,
+    reference_model,
+)
 from suites.lib.controller.scenarios import scenarios, world_sizes
 from suites.lib.controller.tolerances import tolerance
 from suites.lib.ranks.checkpoint_jobs import build, path_for
 from suites.lib.ranks.readers import gathered_state
 from suites.lib.ranks.training import end, micro_step
 from suites.lib.shared.checkpoint_specs import FORMATS
-from suites.lib.shared.models import make_batch
+from suites.lib.shared.session_ops import Step
 from suites.lib.shared.specs import Scenario, TrainPlan
-
-
-@dataclass(frozen=True)
-class Step:
-    """One optimizer step: global data index, micro-batches, clip ``max_norm`` or None."""
-
-    index: int
-    micro: int
-    clip: float | None
 
 
 @dataclass(frozen=True)
@@ -113,16 +106,7 @@ class PlainReference:
 
     def step(self, step: Step, dp: int) -> None:
         """One step as the sharded run takes it with ``dp`` data-parallel ranks."""
-        plan = self.scenario.plan
-        for micro in range(step.micro):
-            for r in range(dp):
-                x, y = make_batch(
-                    self.scenario.model, plan.data_seed, step.index, micro, r, plan.batch_size
-                )
-                (F.mse_loss(self.model(x).float(), y) / (dp * step.micro)).backward()
-        if step.clip is not None:
-            params = [p for p in self.model.parameters() if p.grad is not None]
-            torch.nn.utils.clip_grad_norm_(params, step.clip)
+        backward_plain_step(self.model, self.scenario, step.index, step.micro, dp, step.clip)
         self.optimizer.step()
         self.optimizer.zero_grad()
         self.steps += 1

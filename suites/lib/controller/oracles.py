@@ -31,6 +31,7 @@ __all__ = [
     "assert_close_state",
     "assert_parity",
     "assert_same_on_ranks",
+    "backward_plain_step",
     "low_dtype",
     "named_optim_state",
     "plain_train",
@@ -45,6 +46,22 @@ _LOW = {"16-true": torch.float16, "bf16-true": torch.bfloat16}
 def low_dtype(precision: str) -> torch.dtype | None:
     """The parameter dtype of a ``*-true`` low precision (None otherwise)."""
     return _LOW.get(precision)
+
+
+def backward_plain_step(
+    model: nn.Module, scenario: Scenario, index: int, micro: int, dp: int, clip: float | None
+) -> None:
+    """The gradients of one step of the plain model as a sharded run with ``dp``
+    data-parallel ranks and ``micro`` micro-batches takes it (the loss averaged over all of
+    them), then clipped to ``clip`` if given; the caller steps its optimizer."""
+    plan = scenario.plan
+    for m in range(micro):
+        for r in range(dp):
+            x, y = make_batch(scenario.model, plan.data_seed, index, m, r, plan.batch_size)
+            (F.mse_loss(model(x).float(), y) / (dp * micro)).backward()
+    if clip is not None:
+        params = [p for p in model.parameters() if p.grad is not None]
+        torch.nn.utils.clip_grad_norm_(params, clip)
 
 
 def scenario_tolerance(scenario: Scenario) -> Tolerance:

@@ -12,17 +12,17 @@ import copy
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from suites.lib.controller.oracles import (
     assert_close,
     assert_close_state,
+    backward_plain_step,
     named_optim_state,
     reference_model,
 )
 from suites.lib.controller.tolerances import Tolerance
-from suites.lib.shared.models import clean_name, make_batch
+from suites.lib.shared.models import clean_name
 from suites.lib.shared.session_ops import AddGroup, Freeze, Step, Structure, after
 from suites.lib.shared.specs import Scenario
 
@@ -55,16 +55,7 @@ class Twin:
 
     def step(self, step: Step, dp: int) -> None:
         """One step as the sharded run takes it with ``dp`` data-parallel ranks."""
-        plan = self.scenario.plan
-        for micro in range(step.micro):
-            for r in range(dp):
-                x, y = make_batch(
-                    self.scenario.model, plan.data_seed, step.index, micro, r, plan.batch_size
-                )
-                (F.mse_loss(self.model(x).float(), y) / (dp * step.micro)).backward()
-        if step.clip is not None:
-            params = [p for p in self.model.parameters() if p.grad is not None]
-            torch.nn.utils.clip_grad_norm_(params, step.clip)
+        backward_plain_step(self.model, self.scenario, step.index, step.micro, dp, step.clip)
         self.optimizer.step()
         # the model's zero_grad, not the optimizer's: the held-back parameter's gradient
         # must not carry over a step (see the session jobs' _take_step)

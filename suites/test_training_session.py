@@ -1,4 +1,4 @@
-"""SPEC.md TRAIN-4 as a stateful test: a whole training session against a plain twin.
+"""Contract clause TRAIN-4 as a stateful test: a whole training session against a plain twin.
 
 :class:`TrainingSession` lives in the controller. At ``initialize`` it draws the family and
 the strategy's options (sharding strategy and mesh, wrap policy, optimizer, model, checkpoint

@@ -56,10 +56,11 @@ def run_on_ranks(
         outcomes, what = _run_job(session, pool, ref, blob, deadline, size)
         what += " (replayed with collective checking)"
     session.deadlines.learn(check, str(ref), outcomes)
+    if all(isinstance(o.exception, Unsupported) for o in outcomes):
+        raise outcomes[0].exception  # type: ignore[misc]  # refused: no example ran
+    session.job_ran()  # passed or failed, the example ran
     if all(o.ok for o in outcomes):
         return [o.value for o in outcomes]
-    if all(isinstance(o.exception, Unsupported) for o in outcomes):
-        raise outcomes[0].exception  # type: ignore[misc]
     failure = failure_for(outcomes, what)
     if isinstance(failure, (CollectiveDesync, CollectiveHang)):
         shrink_once()  # one bug whatever the example's size: shrink it once

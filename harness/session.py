@@ -246,7 +246,8 @@ class HarnessSession:
             self.observer = previous
 
     def job_ran(self) -> None:
-        """A job of the running check came back (the suites' dispatch calls this)."""
+        """A job of the running check came back from the ranks, passed or failed (not
+        refused): an example ran (:func:`harness.jobs.run_on_ranks` calls this)."""
         if self.observer is not None:
             self.observer.job_ran()
 

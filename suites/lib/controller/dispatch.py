@@ -45,11 +45,9 @@ def run(fn: Callable[..., Any], *args: Any, world_size: int) -> list[Any]:
         except RankFailure:  # the job ran and failed: its configuration reached the ranks
             for axes in _axes_in(args):
                 session.note_exercised(axes)
-            session.job_ran()  # an example ran: later refusals must not make it unsupported
             raise
         for axes in _axes_in(args):
             session.note_exercised(axes)
-        session.job_ran()
         return values
     except Unsupported as exc:
         from hypothesis.control import currently_in_test_context

@@ -23,7 +23,7 @@ import itertools
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, NoReturn, Protocol
@@ -99,6 +99,7 @@ class HarnessSession:
         self.observer: CheckObserver | None = None
         self.warnings = RankWarnings()
         self.late: list[tuple[int, LateViolation]] = []  # (rank, violation) from jobs
+        self.universe: set[tuple[str, str, str, str]] = set()  # declared configuration pairs
 
     # -- settings -------------------------------------------------------------------------
 
@@ -256,6 +257,12 @@ class HarnessSession:
         the main axes (the suites' dispatch calls this; the coverage table counts them)."""
         if self.observer is not None:
             self.observer.exercised(axes)
+
+    def note_universe(self, pairs: Iterable[tuple[str, str, str, str]]) -> None:
+        """Declare pairs of the configuration space, ``(axis, value, other axis, value)``:
+        the coverage table counts them and lists those no job reached (a suite's pairwise
+        cover declares the space it covers)."""
+        self.universe.update(pairs)
 
     # -- what jobs leave behind -----------------------------------------------------------
 

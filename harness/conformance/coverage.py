@@ -7,6 +7,15 @@ kinds; :mod:`suites.lib.shared.axes`); the check's :class:`CheckWatch` keeps the
 (passed or failed: the strategy did not refuse it) had both, and *covered* when a job of a
 check that passed had both. The report shows both counts, per pair of axes with the pairs
 not covered, and the one-line figure ``pairs covered: N of M supported``.
+
+A suite may also *declare* the configuration space (``HarnessSession.note_universe``: every
+pair of values some valid configuration takes; the suites' pairwise cover does). The report
+then counts the declared pairs and lists those that never reached the ranks, so a value no
+check drew shows up as a gap instead of falling out of both numbers.
+
+Per clause, the report lists which value of each axis reached a check of that clause and
+which a passing check of it exercised (``by_clause``), and, with a declared space, the values
+of each axis the clause's checks never reached.
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ from typing import Any
 
 from harness.conformance.checks import Check
 
-__all__ = ["MISSING_SHOWN", "coverage_of", "pairs_of"]
+__all__ = ["MISSING_SHOWN", "by_clause", "coverage_of", "pairs_of", "values_of"]
 
 #: pairs not covered listed per pair of axes in the report (the count is always given)
 MISSING_SHOWN = 8
@@ -44,14 +53,66 @@ def pairs_of(entry: Mapping[str, Sequence[str]]) -> set[Pair]:
     return found
 
 
-def coverage_of(checks: Iterable[Check]) -> dict[str, Any]:
-    """The run's coverage (``report.json``'s ``coverage``); empty when no job reported axes.
+def values_of(pairs: Iterable[Pair]) -> dict[str, set[str]]:
+    """The values each axis takes in ``pairs``."""
+    found: dict[str, set[str]] = {}
+    for first, a, second, b in pairs:
+        found.setdefault(first, set()).add(a)
+        found.setdefault(second, set()).add(b)
+    return found
+
+
+def _sorted_values(values: Mapping[str, Iterable[str]]) -> dict[str, list[str]]:
+    return {axis: sorted(seen, key=_order) for axis, seen in sorted(values.items())}
+
+
+def by_clause(checks: Iterable[Check], universe: Iterable[Pair] = ()) -> dict[str, Any]:
+    """Per clause and axis: the values that reached a check of the clause, those a passing
+    check of it exercised, and (with a declared ``universe``) those it never reached.
 
     Returns:
-        ``{"pairs_covered": N, "pairs_supported": M, "values": {axis: [values]},
-        "by_axes": [{"axes": [a, b], "covered": n, "supported": m, "missing": [[va, vb],
-        ...]}]}``; ``missing`` lists at most :data:`MISSING_SHOWN` pairs.
+        ``{clause: {axis: {"covered": [...], "reached": [...], "never": [...]}}}``; an axis
+        none of the clause's jobs reported is absent.
     """
+    reached: dict[str, dict[str, set[str]]] = {}
+    covered: dict[str, dict[str, set[str]]] = {}
+    for check in checks:
+        for clause in check.clauses:
+            for entry in check.exercised:
+                for axis, seen in entry.items():
+                    reached.setdefault(clause, {}).setdefault(axis, set()).update(seen)
+                    if check.outcome == "passed":
+                        covered.setdefault(clause, {}).setdefault(axis, set()).update(seen)
+    declared = values_of(universe)
+    table: dict[str, Any] = {}
+    for clause in sorted(reached):
+        row: dict[str, Any] = {}
+        for axis, values_reached in sorted(reached[clause].items()):
+            row[axis] = {
+                "covered": sorted(covered.get(clause, {}).get(axis, set()), key=_order),
+                "reached": sorted(values_reached, key=_order),
+                "never": sorted(declared.get(axis, set()) - values_reached, key=_order),
+            }
+        table[clause] = row
+    return table
+
+
+def coverage_of(checks: Iterable[Check], universe: Iterable[Pair] = ()) -> dict[str, Any]:
+    """The run's coverage (``report.json``'s ``coverage``); empty when no job reported axes.
+
+    Args:
+        checks: the run's checks.
+        universe: the declared configuration space's pairs (empty: none declared).
+
+    Returns:
+        ``{"pairs_covered": N, "pairs_supported": M, "pairs_declared": D, "values": {axis:
+        [values]}, "by_axes": [{"axes": [a, b], "covered": n, "supported": m, "missing":
+        [[va, vb], ...]}], "never_reached": [[a, va, b, vb], ...], "by_clause": {...}}``;
+        ``missing`` and ``never_reached`` list at most :data:`MISSING_SHOWN` pairs (per pair
+        of axes / in all); ``pairs_declared`` is 0 without a declared space.
+    """
+    checks = list(checks)
+    declared = set(universe)
     supported: set[Pair] = set()
     covered: set[Pair] = set()
     values: dict[str, set[str]] = {}
@@ -79,9 +140,14 @@ def coverage_of(checks: Iterable[Check]) -> dict[str, Any]:
                 "missing": missing[:MISSING_SHOWN],
             }
         )
+    never = sorted(declared - supported, key=_pair_order)
     return {
         "pairs_covered": len(covered),
         "pairs_supported": len(supported),
-        "values": {axis: sorted(seen, key=_order) for axis, seen in sorted(values.items())},
+        "pairs_declared": len(declared),
+        "never_reached": [list(p) for p in never[:MISSING_SHOWN]],
+        "never_reached_count": len(never),
+        "values": _sorted_values(values),
         "by_axes": rows,
+        "by_clause": by_clause(checks, declared),
     }

@@ -306,7 +306,7 @@ class ConformancePlugin:
             findings=self.triage.finding_results(
                 checks, {c.id: c.text for c in self.checks.values()}
             ),
-            coverage=coverage_of(self.checks.values()),
+            coverage=coverage_of(self.checks.values(), self.harness.universe),
         )
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:

@@ -16,7 +16,7 @@ from harness.report import (
     clause_family_outcomes,
     clause_outcomes,
 )
-from harness.report.markdown import coverage_line
+from harness.report.markdown import clause_coverage_line, coverage_line
 
 __all__ = ["finding_lines", "headline", "summary_lines", "write_summary"]
 
@@ -95,6 +95,8 @@ def summary_lines(config: pytest.Config, report: Report) -> list[str]:
     lines = [f"checks: {counts or 'none'} ({len(report.checks)} checks, {named} clauses)"]
     if report.coverage:
         lines.append(coverage_line(report.coverage))
+        if report.coverage.get("by_clause"):
+            lines.append(clause_coverage_line(report.coverage))
     lines += finding_lines(report)
     for clause, (outcome, members) in clauses.items():
         if outcome == "passed":

@@ -108,11 +108,61 @@ def coverage_line(coverage: dict[str, Any]) -> str:
     """The one-line coverage figure (``""`` when no job reported its axes)."""
     if not coverage:
         return ""
-    return (
+    line = (
         f"pairs of configuration values covered: {coverage['pairs_covered']} of "
         f"{coverage['pairs_supported']} supported (exercised by a passing check / reached "
         "the ranks at all)"
     )
+    declared = coverage.get("pairs_declared", 0)
+    if declared:
+        line += (
+            f"; {declared} pairs in the suites' configuration space, "
+            f"{coverage.get('never_reached_count', 0)} never reached"
+        )
+    return line
+
+
+def clause_coverage_line(coverage: dict[str, Any]) -> str:
+    """The per-clause figure: (clause, axis value) pairs covered of those reached."""
+    table = coverage.get("by_clause", {}) if coverage else {}
+    if not table:
+        return ""
+    covered = sum(len(a["covered"]) for row in table.values() for a in row.values())
+    reached = sum(len(a["reached"]) for row in table.values() for a in row.values())
+    return (
+        f"(clause, axis value) pairs covered: {covered} of {reached} reached ({len(table)} clauses)"
+    )
+
+
+def _clause_coverage_lines(coverage: dict[str, Any]) -> list[str]:
+    table = coverage.get("by_clause", {})
+    if not table:
+        return []
+    lines = [
+        "",
+        "### Coverage per clause",
+        "",
+        clause_coverage_line(coverage) + ". Per clause: the axis values a passing check of the "
+        "clause exercised, of those that reached its checks; values that reached it only in "
+        "checks that did not pass; and values of the suites' configuration space its checks "
+        "never drew (on the axes they report).",
+        "",
+        "| clause | covered | reached, not covered | never reached |",
+        "|---|---|---|---|",
+    ]
+    for clause, row in table.items():
+        covered = sum(len(a["covered"]) for a in row.values())
+        reached = sum(len(a["reached"]) for a in row.values())
+        gaps = "; ".join(
+            f"{axis}: {', '.join(v for v in a['reached'] if v not in a['covered'])}"
+            for axis, a in row.items()
+            if len(a["covered"]) < len(a["reached"])
+        )
+        never = "; ".join(
+            f"{axis}: {', '.join(a['never'])}" for axis, a in row.items() if a.get("never")
+        )
+        lines.append(f"| {clause} | {covered} of {reached} | {_cell(gaps)} | {_cell(never)} |")
+    return lines
 
 
 def _coverage_lines(coverage: dict[str, Any]) -> list[str]:
@@ -129,7 +179,16 @@ def _coverage_lines(coverage: dict[str, Any]) -> list[str]:
             missing += f" (+{gap - len(row['missing'])} more)"
         axes = " x ".join(row["axes"])
         lines.append(f"| {axes} | {row['covered']} | {row['supported']} | {_cell(missing)} |")
-    return lines
+    if coverage.get("never_reached_count"):
+        shown = ", ".join(f"{a}={va} x {b}={vb}" for a, va, b, vb in coverage["never_reached"])
+        more = coverage["never_reached_count"] - len(coverage["never_reached"])
+        lines += [
+            "",
+            f"Pairs of the configuration space no job reached: {shown}"
+            + (f" (+{more} more)" if more > 0 else "")
+            + ".",
+        ]
+    return lines + _clause_coverage_lines(coverage)
 
 
 def render_markdown(report: Report) -> str:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from harness.conformance.checks import Check
-from harness.conformance.coverage import MISSING_SHOWN, coverage_of, pairs_of
+from harness.conformance.coverage import MISSING_SHOWN, by_clause, coverage_of, pairs_of
 from harness.report import Report, render_markdown
-from harness.report.markdown import coverage_line
+from harness.report.markdown import clause_coverage_line, coverage_line
 
 
 def _check(outcome: str, *entries: dict[str, tuple[str, ...]]) -> Check:
@@ -55,3 +55,52 @@ def test_the_report_shows_the_figure_and_the_table_and_reads_it_back() -> None:
     missing = ", ".join(f"fsdp x {n}" for n in range(1, 1 + MISSING_SHOWN))
     assert f"| family x world_size | 1 | 12 | {missing} (+3 more) |" in markdown
     assert Report.from_dict(report.to_dict()).coverage == coverage
+
+
+def test_a_declared_space_counts_its_pairs_and_lists_those_never_reached() -> None:
+    reached = {"family": ("fsdp",), "precision": ("32-true",)}
+    universe = {
+        ("family", "fsdp", "precision", "32-true"),
+        ("family", "fsdp", "precision", "16-true"),
+        ("family", "model_parallel", "precision", "32-true"),
+    }
+    coverage = coverage_of([_check("passed", reached)], universe)
+    assert coverage["pairs_declared"] == 3 and coverage["never_reached_count"] == 2
+    assert coverage["never_reached"] == [
+        ["family", "fsdp", "precision", "16-true"],
+        ["family", "model_parallel", "precision", "32-true"],
+    ]
+    line = coverage_line(coverage)
+    assert line.endswith("3 pairs in the suites' configuration space, 2 never reached")
+    markdown = render_markdown(Report("1", {}, {}, [], coverage=coverage))
+    assert "no job reached: family=fsdp x precision=16-true" in markdown
+
+
+def test_per_clause_coverage_names_values_covered_reached_and_never_drawn() -> None:
+    passed = _check("passed", {"family": ("fsdp",), "precision": ("32-true",)})
+    failed = _check("failed", {"family": ("fsdp",), "precision": ("bf16-mixed",)})
+    failed.clauses = ["CLIP-1"]
+    universe = {("family", "fsdp", "precision", p) for p in ("32-true", "bf16-mixed", "16-true")}
+    table = by_clause([passed, failed], universe)
+    assert table["TRAIN-1"]["precision"] == {
+        "covered": ["32-true"],
+        "reached": ["32-true"],
+        "never": ["16-true", "bf16-mixed"],
+    }
+    assert table["CLIP-1"]["precision"] == {
+        "covered": [],
+        "reached": ["bf16-mixed"],
+        "never": ["16-true", "32-true"],
+    }
+    coverage = coverage_of([passed, failed], universe)
+    assert clause_coverage_line(coverage) == (
+        "(clause, axis value) pairs covered: 2 of 4 reached (2 clauses)"
+    )
+    markdown = render_markdown(Report("1", {}, {}, [], coverage=coverage))
+    assert (
+        "| CLIP-1 | 0 of 2 | family: fsdp; precision: bf16-mixed | precision: 16-true, 32-true |"
+        in (markdown)
+    )
+    assert Report.from_dict(Report("1", {}, {}, [], coverage=coverage).to_dict()).coverage == (
+        coverage
+    )

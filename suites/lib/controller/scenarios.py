@@ -42,6 +42,7 @@ __all__ = [
     "mp_configs",
     "optim_specs",
     "scenarios",
+    "splits_tied",
     "train_plans",
     "world_sizes",
     "wrap_specs",
@@ -203,7 +204,9 @@ def _present_classes(spec: ModelSpec) -> list[str]:
     return [c for c in WRAP_CLASSES if c in kinds]
 
 
-def _splits_tied(spec: ModelSpec, wrap: WrapSpec) -> bool:
+def splits_tied(spec: ModelSpec, wrap: WrapSpec) -> bool:
+    """Whether ``wrap`` puts the two names of tied weights in different FSDP units (the
+    suites never draw such a policy: tied weights stay in one unit)."""
     units = wrap.expected_units(build_model(spec, "meta"))
     return spec.tied and bool(units & {"embed", "head"})
 
@@ -229,7 +232,7 @@ def wrap_specs(draw: st.DrawFn, spec: ModelSpec, kinds: Sequence[str] | None = N
     if kind == "size":
         model = build_model(spec, "meta")
         numels = sorted({sum(p.numel() for p in m.parameters()) for m in model.modules()})
-        valid = [n for n in numels if n > 0 and not _splits_tied(spec, WrapSpec("size", (), n))]
+        valid = [n for n in numels if n > 0 and not splits_tied(spec, WrapSpec("size", (), n))]
         return WrapSpec("size", min_num_params=draw(st.sampled_from(valid)))
     present = _present_classes(spec)
     classes = draw(st.lists(st.sampled_from(present), min_size=1, unique=True))

@@ -1,0 +1,237 @@
+"""The suites' configuration space as data, and a pairwise covering set of scenarios over it.
+
+A Hypothesis check draws its configurations at random: under the derandomized ``ci`` profile
+its ten draws are always the same ten, and nothing guarantees that they reach a given pair of
+values (a NO_SHARD clip, a 16-true sharded checkpoint). This module declares the space
+instead:
+
+- :func:`candidates` enumerates concrete scenarios of both families over the main axes of
+  :mod:`suites.lib.shared.axes` (sharding strategy and mesh, precision, wrap kind, world
+  size, checkpoint format, and the model zoo's kinds through :data:`COVER_MODELS`), each valid
+  as the suites draw them (a hybrid mesh divides the world, tensor-parallel widths divide the
+  MLP, 16-true trains with SGD: fp16 Adam's second moment underflows);
+- :func:`universe` is every pair of axis values that some candidate takes: the pairs a
+  strategy of both families can be asked to support;
+- :func:`cover_rows` picks, greedily and deterministically, candidates until every pair of
+  the universe is taken by at least one of them (a pairwise covering design). The suite
+  ``suites/test_configuration_cover.py`` runs each row in every profile, so the ``ci`` run
+  exercises every supported pair by construction, not by luck.
+
+The rows depend only on the world sizes the session can run (``--nproc``, attach mode), so a
+row's check id is the same in every run.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from harness.conformance.coverage import pairs_of
+from suites.lib.controller.scenarios import MP_PRECISIONS, SHARDING_STRATEGIES, splits_tied
+from suites.lib.shared.axes import scenario_axes
+from suites.lib.shared.checkpoint_specs import FORMATS
+from suites.lib.shared.models import BlockSpec, ModelSpec, build_model
+from suites.lib.shared.specs import (
+    FSDPConfig,
+    MPConfig,
+    OptimSpec,
+    Scenario,
+    TrainPlan,
+    WrapSpec,
+)
+
+__all__ = ["COVER_MODELS", "CoverRow", "candidates", "cover_rows", "universe"]
+
+#: precisions of the fsdp family, in the order rows prefer them
+FSDP_COVER_PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
+
+#: the model variants the cover draws from: together they take every model kind of the zoo
+#: (plain and nested blocks, tied embeddings, frozen parameters, buffers); the widths are
+#: multiples of 2 so that a tensor-parallel size of 2 divides them (4 as well for the MLPs).
+COVER_MODELS: tuple[ModelSpec, ...] = (
+    ModelSpec(hidden=6, blocks=(BlockSpec(ffn=4),), seed=11),
+    ModelSpec(
+        hidden=6,
+        blocks=(BlockSpec(ffn=4, norm=False), BlockSpec("NestedBlock", ffn=4, inner=2)),
+        scale=False,
+        seed=12,
+    ),
+    ModelSpec(hidden=6, blocks=(BlockSpec(ffn=8),), vocab=7, out=7, tied=True, seed=13),
+    ModelSpec(
+        hidden=6,
+        blocks=(BlockSpec("NestedBlock", ffn=4, inner=1),),
+        frozen=("blocks.0.proj.bias", "inp.weight"),
+        seed=14,
+    ),
+)
+
+FSDP_WRAPS = ("none", "classes", "module_wrap_policy", "custom_policy", "size", "callable")
+MP_CLASS_SETS: tuple[tuple[str, ...], ...] = ((), ("Block",), ("NestedBlock",))
+
+Pair = tuple[str, str, str, str]
+
+
+@dataclass(frozen=True)
+class CoverRow:
+    """One configuration of the cover: a scenario and the checkpoint format it round-trips."""
+
+    scenario: Scenario
+    fmt: str
+
+    @property
+    def id(self) -> str:
+        """A stable, readable check id part: family, layout, precision, wrap, world, format,
+        model."""
+        s = self.scenario
+        model = COVER_MODELS.index(s.model)
+        if isinstance(s.strategy, FSDPConfig):
+            mesh = "x".join(map(str, s.strategy.device_mesh)) if s.strategy.device_mesh else ""
+            layout = s.strategy.sharding_strategy + (f"({mesh})" if mesh else "")
+            wrap = s.strategy.wrap.kind
+        else:
+            layout = f"dp{s.strategy.data_parallel_size}xtp{s.strategy.tensor_parallel_size}"
+            wrap = "+".join(s.strategy.fsdp_classes) or "root"
+        return f"{s.family}-{layout}-{s.precision}-{wrap}-w{s.world_size}-{self.fmt}-m{model}"
+
+    def axes(self) -> dict[str, tuple[str, ...]]:
+        """The axis values this row takes (as the suites' dispatch reports them)."""
+        return scenario_axes(self.scenario, self.fmt)
+
+
+def _optim(precision: str, index: int) -> OptimSpec:
+    if precision == "16-true":  # fp16 Adam's second moment underflows (tolerances.py)
+        return OptimSpec(kind="sgd", lr=0.05, eps=1e-4)
+    kind = ("adam", "sgd", "adamw")[index % 3]
+    return OptimSpec(
+        kind=kind,
+        lr=0.05 if kind == "sgd" else 0.01,
+        eps=1e-4 if precision.startswith("16") else 1e-6,
+        weight_decay=0.1 if kind == "adamw" else 0.0,
+    )
+
+
+def _plan(precision: str, index: int) -> TrainPlan:
+    return TrainPlan(
+        steps=2,
+        batch_size=2 + index % 2,
+        data_seed=index,
+        loss_scale=1 / 256 if precision == "16-mixed" else 1.0,
+    )
+
+
+def _classes(model: ModelSpec) -> tuple[str, ...]:
+    return ("NestedBlock",) if any(b.kind == "NestedBlock" for b in model.blocks) else ("Block",)
+
+
+@functools.cache
+def _size_threshold(model: ModelSpec) -> int:
+    """The smallest ``size`` threshold that never splits tied weights (as
+    :func:`~suites.lib.controller.scenarios.wrap_specs` draws them): it wraps the most units."""
+    plain = build_model(model, "meta")
+    numels = sorted({sum(p.numel() for p in m.parameters()) for m in plain.modules()})
+    return min(n for n in numels if n > 0 and not splits_tied(model, WrapSpec("size", (), n)))
+
+
+def _fsdp_wrap(kind: str, model: ModelSpec) -> WrapSpec:
+    if kind == "none":
+        return WrapSpec()
+    if kind == "size":
+        return WrapSpec("size", min_num_params=_size_threshold(model))
+    return WrapSpec(kind, classes=_classes(model))
+
+
+def _mesh(strategy: str, world: int) -> tuple[int, int] | None:
+    """The hybrid mesh of ``world`` ranks (replicas x shard group; both > 1 where possible)."""
+    if "HYBRID" not in strategy:
+        return None
+    for replicas in (2, world):
+        if world % replicas == 0 and replicas > 1:
+            return (replicas, world // replicas)
+    return (1, world)
+
+
+def _fsdp_candidates(worlds: Sequence[int]) -> Iterator[Scenario]:
+    index = 0
+    for world in worlds:
+        for strategy in SHARDING_STRATEGIES:
+            if "HYBRID" in strategy and world < 2:
+                continue  # a hybrid mesh of one rank is plain FULL_SHARD
+            for precision in FSDP_COVER_PRECISIONS:
+                for wrap in FSDP_WRAPS:
+                    for model in COVER_MODELS:
+                        index += 1
+                        yield Scenario(
+                            world_size=world,
+                            model=model,
+                            strategy=FSDPConfig(
+                                sharding_strategy=strategy,
+                                wrap=_fsdp_wrap(wrap, model),
+                                precision=precision,
+                                device_mesh=_mesh(strategy, world),
+                            ),
+                            optim=_optim(precision, index),
+                            plan=_plan(precision, index),
+                        )
+
+
+def _mp_candidates(worlds: Sequence[int]) -> Iterator[Scenario]:
+    index = 0
+    for world in worlds:
+        for dp in (d for d in range(1, world + 1) if world % d == 0):
+            tp = world // dp
+            for precision in MP_PRECISIONS:
+                for classes in MP_CLASS_SETS:
+                    for model in COVER_MODELS:
+                        if any(b.ffn % tp for b in model.blocks):
+                            continue  # a tensor-parallel MLP needs ffn divisible by tp
+                        if set(classes) - {b.kind for b in model.blocks}:
+                            continue
+                        index += 1
+                        yield Scenario(
+                            world_size=world,
+                            model=model,
+                            strategy=MPConfig(
+                                data_parallel_size=dp,
+                                tensor_parallel_size=tp,
+                                tp_plan="mlp" if tp > 1 else "none",
+                                fsdp_classes=classes,
+                                reshard_after_forward=index % 2 == 0,
+                                precision=precision,
+                            ),
+                            optim=_optim(precision, index),
+                            plan=_plan(precision, index),
+                        )
+
+
+def candidates(worlds: Sequence[int]) -> list[CoverRow]:
+    """Every concrete configuration of both families at the world sizes ``worlds``, in each
+    checkpoint format."""
+    scenarios = [*_fsdp_candidates(worlds), *_mp_candidates(worlds)]
+    return [CoverRow(s, fmt) for s in scenarios for fmt in FORMATS]
+
+
+def universe(worlds: Sequence[int]) -> set[Pair]:
+    """Every pair of axis values some valid configuration at ``worlds`` takes."""
+    found: set[Pair] = set()
+    for row in candidates(worlds):
+        found |= pairs_of(row.axes())
+    return found
+
+
+@functools.cache
+def cover_rows(worlds: tuple[int, ...]) -> tuple[CoverRow, ...]:
+    """A small set of configurations that together take every pair of :func:`universe`.
+
+    Greedy: each time, the candidate that takes the most pairs not yet taken (the first such
+    in enumeration order, so the result is deterministic).
+    """
+    rows = candidates(worlds)
+    pairs = [frozenset(pairs_of(row.axes())) for row in rows]
+    missing = set().union(*pairs) if pairs else set()
+    chosen: list[CoverRow] = []
+    while missing:
+        best = max(range(len(rows)), key=lambda i: len(pairs[i] & missing))
+        chosen.append(rows[best])
+        missing -= pairs[best]
+    return tuple(chosen)

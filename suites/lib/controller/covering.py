@@ -112,8 +112,11 @@ def _optim(precision: str, index: int) -> OptimSpec:
 
 
 def _plan(precision: str, index: int) -> TrainPlan:
+    """Two steps of two micro-batches (accumulation under ``no_backward_sync``), clipped."""
     return TrainPlan(
         steps=2,
+        micro_batches=2,
+        clip=0.5,
         batch_size=2 + index % 2,
         data_seed=index,
         loss_scale=1 / 256 if precision == "16-mixed" else 1.0,

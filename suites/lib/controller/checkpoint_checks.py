@@ -12,12 +12,14 @@ code: the offline converter (an offline tool, not the strategy under test; CKPT-
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from suites.lib.shared.checkpoint_specs import make_metadata, plain_metadata
+from suites.lib.shared.models import build_model
 
 if TYPE_CHECKING:
     from suites.lib.shared.checkpoint_specs import CkptPlan
@@ -26,7 +28,9 @@ __all__ = [
     "assert_loaded_equals_saved",
     "assert_same_model",
     "assert_same_optim",
+    "check_on_disk",
     "check_refusal",
+    "check_round_trip",
     "convert_offline",
     "standard_form",
     "tree_diff",
@@ -157,3 +161,80 @@ def convert_offline(src: str | os.PathLike[str], dst: str | os.PathLike[str]) ->
     from reference_impl.checkpoint import convert_sharded_to_full
 
     convert_sharded_to_full(src, dst)
+
+
+def check_on_disk(plan: CkptPlan, path: str) -> None:
+    """MP-3 / ``state_dict_type``: the format on disk is the one asked for; a full file
+    holds the plain model's keys (CKPT-BUF-1) and stateful metadata as a dict (CKPT-SAVE-4)."""
+    option = "state_dict_type" if plan.save.family == "fsdp" else "save_distributed_checkpoint"
+    where = f"MP-3: {plan.save.family} with {option} for the {plan.fmt} format"
+    if plan.fmt == "sharded":
+        assert Path(path).is_dir() and (Path(path) / ".metadata").is_file(), (
+            f"{where}: {path} is not a torch.distributed.checkpoint directory"
+        )
+        assert (Path(path) / "meta.pt").is_file(), f"{where}: no meta.pt in {path}"
+        return
+    assert Path(path).is_file(), f"{where}: {path} is not one file"
+    content = torch.load(path, weights_only=True)  # CKPT-SEC-1: readable without pickling code
+    plain = build_model(plan.save.model, "meta").state_dict()
+    assert set(content["model"]) == set(plain), (
+        f"CKPT-BUF-1: the full file's model keys {sorted(content['model'])} differ from the "
+        f"plain model's state_dict keys {sorted(plain)}"
+    )
+    if "counter" in content:
+        assert isinstance(content["counter"], dict), (
+            "CKPT-SAVE-4: an object with state_dict() must be saved as its state dict, found "
+            f"{type(content['counter']).__name__}"
+        )
+
+
+def check_round_trip(plan: CkptPlan, out: dict[str, Any], rank: int) -> None:
+    """Every comparison of one rank's :func:`~suites.lib.ranks.checkpoint_jobs.round_trip_rank`,
+    each failure naming its clause."""
+    where = f"rank {rank}, {plan.worlds}"
+    clause = "CKPT-RT-1" if plan.fmt == "full" else "CKPT-RT-2"
+    saved, loaded = out["saved"], out["loaded"]
+    plain = build_model(plan.save.model, "meta")
+    assert set(saved["model"]) == set(plain.state_dict()), (
+        f"CKPT-BUF-1: {where}: the gathered state holds {sorted(saved['model'])}; the plain "
+        f"model's state_dict (persistent buffers, no non-persistent ones) is "
+        f"{sorted(plain.state_dict())}"
+    )
+    assert_same_model(loaded["model"], saved["model"], clause=clause, where=where)
+    assert_same_optim(loaded["optim"], saved["optim"], clause=clause, where=where)
+    frozen = set(plan.save.model.frozen)
+    stateful = set(loaded["optim"].get("state", {}))
+    assert not frozen & stateful, (
+        f"CKPT-STRICT-3: {where}: frozen parameters {sorted(frozen & stateful)} got state"
+    )
+    if plan.save.model.tied:
+        assert not {"embed.weight", "head.weight"} <= stateful, (
+            f"CKPT-STRICT-3: {where}: the tied weight has state under both of its names"
+        )
+    expected_meta = plain_metadata(make_metadata(plan.meta))
+    for key in plan.requested:
+        found = tree_diff(out["restored"][key], expected_meta[key], f"state[{key!r}]")
+        assert found is None, f"CKPT-LOAD-2: {where}: requested metadata not restored: {found}"
+    assert out["same_counter"], (
+        f"CKPT-SAVE-4: {where}: the stateful object was replaced, not loaded in place"
+    )
+    for key in set(expected_meta) - set(plan.requested):
+        assert key in out["returned"], (
+            f"CKPT-LOAD-2: {where}: metadata {key!r} was not requested and is not returned "
+            f"(returned: {sorted(out['returned'])})"
+        )
+        found = tree_diff(out["returned"][key], expected_meta[key], f"returned[{key!r}]")
+        assert found is None, f"CKPT-LOAD-2: {where}: {found}"
+    fresh = dict(build_model(plan.load.model).named_buffers())
+    for name, value in out["volatile"].items():
+        # compared at the buffer's own dtype: under a *-true precision it was created low
+        assert torch.equal(value, fresh[name].to(value.dtype)), (
+            f"CKPT-BUF-1: {where}: non-persistent buffer {name!r} changed on load: "
+            f"{value.tolist()} where the fresh model holds {fresh[name].tolist()}"
+        )
+    before, after = out["after_step"]
+    found = tree_diff(after, before, "model after one more step")
+    assert found is None, (
+        f"CKPT-STRICT-3: {where}: one step after the load differs from one step without "
+        f"stopping (optimizer state incomplete?): {found}"
+    )

@@ -21,7 +21,13 @@ from torch import Tensor
 from harness import RankContext, Strategy
 from suites.lib.ranks.readers import gathered_optim_state, gathered_state
 from suites.lib.ranks.training import RankResult, Trained, end, setup, train
-from suites.lib.shared.checkpoint_specs import FORMATS, CkptPlan, make_metadata, plain_metadata
+from suites.lib.shared.checkpoint_specs import (
+    FORMATS,
+    CkptPlan,
+    fresh_metadata,
+    make_metadata,
+    plain_metadata,
+)
 from suites.lib.shared.files import files_digest
 from suites.lib.shared.models import BlockSpec, ModelSpec, build_model, clean_name
 from suites.lib.shared.specs import FSDPConfig, MPConfig, OptimSpec, Scenario, TrainPlan
@@ -38,6 +44,7 @@ __all__ = [
     "nonpersistent_buffers",
     "path_for",
     "read_state",
+    "round_trip_rank",
     "save_rank",
     "train_plan",
 ]
@@ -184,3 +191,65 @@ def build_with_two_optimizers(
     half = dataclasses.replace(scenario.optim, lr=scenario.optim.lr / 2)
     optimizers = [scenario.optim.build(trunk), half.build(rest)]
     return strategy, model, [strategy.setup_optimizer(o) for o in optimizers]
+
+
+def round_trip_rank(
+    ctx: RankContext, plan: CkptPlan, directory: str, effects: bool = False
+) -> dict[str, Any]:
+    """Rank job: train ``plan.save`` and save it with metadata; load into fresh objects of
+    ``plan.load``; read both with torch's gathered-state APIs; then one more step with each.
+
+    Args:
+        ctx: the harness ``RankContext``.
+        plan: the round trip (``plan.load`` at the same world size).
+        directory: where the checkpoint goes (:func:`path_for`).
+        effects: also return the training (``trained``: losses, clip norms, the state
+            before the save) and the state read just before the save (``before``), for
+            TRAIN-1 and CKPT-SAVE-7. Off for plans that never step: reading an optimizer
+            that never stepped initializes its state, which the save would then hold.
+
+    Returns:
+        ``saved``, ``loaded``, ``restored``, ``same_counter``, ``returned``, ``volatile``,
+        ``after_step`` (see :func:`suites.lib.controller.checkpoint_checks.check_round_trip`),
+        plus ``trained`` and ``before`` with ``effects``.
+    """
+    path = path_for(directory, plan.fmt)
+    t = build(ctx, plan.save, plan.fmt)
+    trained = train_plan(t, plan.save)
+    extra: dict[str, Any] = {}
+    if effects:
+        trained.rank = ctx.rank
+        trained.state = gathered_state(t.model)
+        extra = {"trained": trained, "before": read_state(t)}
+    t.strategy.save_checkpoint(
+        path, {"model": t.model, "optimizer": t.optimizer, **make_metadata(plan.meta)}
+    )
+    saved = read_state(t)  # after the save: reading may initialize a never-stepped optimizer
+
+    f = build(ctx, plan.load, plan.fmt)
+    state: dict[str, Any] = {
+        "model": f.model,
+        "optimizer": f.optimizer,
+        **fresh_metadata(plan.requested),
+    }
+    counter = state.get("counter")
+    returned = f.strategy.load_checkpoint(path, state)
+    loaded = read_state(f)
+    plain = build_model(plan.load.model, "meta")
+    volatile = set(dict(plain.named_buffers())) - set(plain.state_dict())
+    out = {
+        "saved": saved,
+        "loaded": loaded,
+        "restored": plain_metadata({k: state[k] for k in plan.requested}),
+        "same_counter": counter is None or state["counter"] is counter,
+        "returned": plain_metadata(dict(returned or {})),
+        "volatile": nonpersistent_buffers(f.model, volatile),
+        **extra,
+    }
+    copy_buffers(f.model, t.model, volatile)  # not saved by design: align them to step on
+    train_plan(t, plan.save, steps=1)
+    train_plan(f, plan.load, steps=1)
+    out["after_step"] = (read_state(t)["model"], read_state(f)["model"])
+    end(t.strategy)
+    end(f.strategy)
+    return out

@@ -247,9 +247,30 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize(MARKER, params)
 
 
+def _scaled_timeout(config: pytest.Config) -> float | None:
+    """The test timeout for a Hypothesis test under the active profile: the configured one
+    (pytest-timeout's ``timeout``) times the profile's examples over ``ci``'s, so a check
+    that fits under ``ci`` fits under ``dev`` and ``nightly`` too; None without a timeout."""
+    from hypothesis import settings
+
+    try:
+        base = float(config.getini("timeout") or 0)
+    except (ValueError, KeyError):  # no pytest-timeout, or a value it would refuse too
+        return None
+    if base <= 0:
+        return None
+    return base * max(1.0, settings().max_examples / PROFILE_EXAMPLES["ci"])
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark tests whose declared world size exceeds --nproc as skipped, saying why."""
+    """Mark tests whose declared world size exceeds --nproc as skipped, saying why; give a
+    Hypothesis test without a timeout of its own one scaled to the profile's examples."""
+    scaled = _scaled_timeout(config)
     for item in items:
+        function = getattr(item, "obj", None)
+        if scaled is not None and getattr(function, "is_hypothesis_test", False):
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(scaled))
         marker = item.get_closest_marker(MARKER)
         if marker is None:
             continue

@@ -9,6 +9,7 @@ import sys
 import time
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -259,3 +260,32 @@ def test_hypothesis_profiles_are_registered() -> None:
     nightly = settings.get_profile("nightly")
     assert (nightly.max_examples, nightly.derandomize, nightly.deadline) == (250, False, None)
     assert nightly.database is not None
+
+
+TIMEOUTS = """
+from hypothesis import given, strategies as st
+
+@given(st.integers())
+def test_drawn(request, x):
+    print("drawn timeout", request.node.get_closest_marker("timeout").args)
+
+@pytest.mark.timeout(5)
+@given(st.integers())
+def test_own(request, x):
+    print("own timeout", request.node.get_closest_marker("timeout").args)
+
+def test_plain(request):
+    print("plain timeout", request.node.get_closest_marker("timeout"))
+"""
+
+
+@pytest.mark.parametrize("profile,expected", [("ci", 300.0), ("dev", 750.0), ("nightly", 7500.0)])
+def test_a_hypothesis_test_gets_a_timeout_scaled_to_the_profile(
+    run: Any, pytester: pytest.Pytester, profile: str, expected: float
+) -> None:
+    pytester.makeini("[pytest]\ntimeout = 300\n")
+    result = run(TIMEOUTS, f"--hypothesis-profile={profile}", "-s")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines([f"*drawn timeout ({expected},)*"])
+    result.stdout.fnmatch_lines(["*own timeout (5,)*"])  # a test's own timeout wins
+    result.stdout.fnmatch_lines(["*plain timeout None*"])  # plain tests keep the ini value

@@ -77,18 +77,21 @@ CONSTRUCTION = Section(
             "`ShardingStrategy` member. Any other value raises `ValueError` that names it and "
             "lists the accepted names, even when the strategy supports only some of them "
             "(validation comes before any `Unsupported`).",
+            scope=(("family", ("fsdp",)),),
         ),
         Clause(
             "CFG-2",
             "A hybrid sharding strategy given none of `auto_wrap_policy`, `process_group` and "
             "`device_mesh` raises `RuntimeError`; `process_group` and `device_mesh` together "
             "raise `ValueError`.",
+            scope=(("family", ("fsdp",)),),
         ),
         Clause(
             "CFG-3",
             "`device_mesh` is a `(replicate, shard)` tuple, built at `setup_environment` on the "
             "rank's device type (cpu too), or a `DeviceMesh`. A tuple whose product differs "
             "from the world size raises `ValueError` naming the tuple and the world size.",
+            scope=(("family", ("fsdp",)),),
         ),
         Clause(
             "CFG-4",
@@ -97,6 +100,7 @@ CONSTRUCTION = Section(
             "`activation_checkpointing` (a class or a list of classes) keeps working with a "
             "deprecation warning, and giving it together with `activation_checkpointing_policy` "
             "raises `ValueError`.",
+            scope=(("family", ("fsdp",)),),
         ),
         Clause(
             "CFG-5",
@@ -104,6 +108,7 @@ CONSTRUCTION = Section(
             "`setup_module_and_optimizers` raises `ValueError`, and so does `setup_optimizer` "
             "on an optimizer holding no flattened FSDP parameter, telling the user to create "
             "the optimizer after `setup_module`.",
+            scope=(("family", ("fsdp",)),),
         ),
         Clause(
             "CFG-6",
@@ -122,12 +127,14 @@ CONSTRUCTION = Section(
             "`tensor_parallel_size` to `auto` (processes per node). Sizes whose product is not "
             "the world size raise `RuntimeError` naming both sizes and the world size. The "
             "mesh's dimensions are called `data_parallel` and `tensor_parallel`.",
+            scope=(("family", ("model_parallel",)),),
         ),
         Clause(
             "CFG-9",
             "model_parallel: a `parallelize_fn` that returns something other than an "
             "`nn.Module` raises `TypeError`, and a module that already holds FSDP1 wrappers is "
             "refused with `TypeError`.",
+            scope=(("family", ("model_parallel",)),),
         ),
         Clause(
             "CFG-10",
@@ -153,6 +160,16 @@ SHARDING = Section(
             "replicated R times. model_parallel family: each parameter handed to `fully_shard` "
             "is a DTensor split along dim 0 over the data-parallel mesh (ceil(dim0 / dp) rows "
             "per rank), and tensor-parallel parameters have the placements their plan names.",
+            scope=(
+                ("family", ("fsdp",)),
+                (
+                    "sharding",
+                    (
+                        "FULL_SHARD",
+                        "SHARD_GRAD_OP",
+                    ),
+                ),
+            ),
         ),
         Clause(
             "SHARD-2",
@@ -163,11 +180,13 @@ SHARDING = Section(
             "With a set of classes or a `ModuleWrapPolicy`, each instance of those classes is "
             "an FSDP unit of its own, and the root is the only other unit. With a size-based or "
             "callable policy, the units are exactly the modules the policy picks.",
+            scope=(("family", ("fsdp",)),),
         ),
         Clause(
             "WRAP-2",
             "A module the user wrapped already is left as it is; the auto-wrap policy is then "
             "ignored and a warning says so.",
+            scope=(("family", ("fsdp",)),),
         ),
         Clause(
             "AC-1",
@@ -175,11 +194,13 @@ SHARDING = Section(
             "`activation_checkpointing_policy` selects, never one checkpoint wrapper inside "
             "another; when the model already has checkpointed layers it warns and changes "
             "nothing.",
+            scope=(("family", ("fsdp",)),),
         ),
         Clause(
             "AC-2",
             "Activation checkpointing leaves the numbers alone: losses and gradients are those "
             "of the same run without it.",
+            scope=(("family", ("fsdp",)),),
         ),
     ),
 )
@@ -241,6 +262,7 @@ TRAINING = Section(
         Clause(
             "PREC-1",
             "`32-true`: parameters, gradients and optimizer state are float32.",
+            scope=(("precision", ("32-true",)),),
         ),
         Clause(
             "PREC-2",
@@ -250,11 +272,29 @@ TRAINING = Section(
             "skips the step on all ranks when any rank saw inf or nan. model_parallel family: "
             "these dtypes hold for the mixed-precision policy its `parallelize_fn` applies, and "
             "a precision it cannot apply is `Unsupported`, not ignored.",
+            scope=(
+                (
+                    "precision",
+                    (
+                        "bf16-mixed",
+                        "16-mixed",
+                    ),
+                ),
+            ),
         ),
         Clause(
             "PREC-3",
             "`bf16-true` and `16-true`: modules created inside `module_init_context` get "
             "parameters of the low dtype, and the optimizer state has that dtype too.",
+            scope=(
+                (
+                    "precision",
+                    (
+                        "bf16-true",
+                        "16-true",
+                    ),
+                ),
+            ),
         ),
         Clause(
             "PREC-4",

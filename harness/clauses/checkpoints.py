@@ -170,21 +170,25 @@ MODEL_PARALLEL = Section(
             "MP-1",
             "The device mesh is created at `setup_environment` on the rank's device type and "
             "passed to `parallelize_fn`; asking for it before then raises `RuntimeError`.",
+            scope=(("family", ("model_parallel",)),),
         ),
         Clause(
             "MP-2",
             "Tensor parallel plus FSDP2 trains like the plain model (TRAIN-1) for column-wise "
             "and row-wise plans.",
+            scope=(("family", ("model_parallel",)),),
         ),
         Clause(
             "MP-3",
             "`save_distributed_checkpoint=True` saves the sharded format and `False` the full "
             "one; every checkpoint clause holds for both, DTensor parameters included.",
+            scope=(("family", ("model_parallel",)),),
         ),
         Clause(
             "MP-4",
             "`no_backward_sync` switches gradient sync on every FSDP2 module and restores it on "
             "exit, also when the body raises.",
+            scope=(("family", ("model_parallel",)),),
         ),
     ),
 )

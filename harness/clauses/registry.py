@@ -29,10 +29,14 @@ class Clause:
     Attributes:
         id: the stable id, e.g. ``"CKPT-RT-3"``.
         text: what the strategy must do, in one paragraph (Markdown inline code allowed).
+        scope: the configurations the clause speaks of, as allowed values per coverage axis
+            (``family``, ``precision``, ``sharding``); an axis not named is unrestricted.
+            The per-clause coverage counts a value as never reached only inside the scope.
     """
 
     id: str
     text: str
+    scope: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True)

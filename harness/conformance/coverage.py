@@ -24,9 +24,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from itertools import combinations
 from typing import Any
 
+from harness.clauses import CLAUSES
 from harness.conformance.checks import Check
 
-__all__ = ["MISSING_SHOWN", "by_clause", "coverage_of", "pairs_of", "values_of"]
+__all__ = [
+    "MISSING_SHOWN",
+    "by_clause",
+    "coverage_of",
+    "in_scope",
+    "pairs_of",
+    "values_of",
+]
 
 #: pairs not covered listed per pair of axes in the report (the count is always given)
 MISSING_SHOWN = 8
@@ -66,9 +74,20 @@ def _sorted_values(values: Mapping[str, Iterable[str]]) -> dict[str, list[str]]:
     return {axis: sorted(seen, key=_order) for axis, seen in sorted(values.items())}
 
 
+def in_scope(universe: Iterable[Pair], scope: Mapping[str, Sequence[str]]) -> dict[str, set[str]]:
+    """The values each axis takes in the pairs of ``universe`` whose two values are both
+    allowed by ``scope`` (allowed values per axis; an axis it does not name is free)."""
+
+    def allowed(axis: str, value: str) -> bool:
+        return axis not in scope or value in scope[axis]
+
+    return values_of(p for p in universe if allowed(p[0], p[1]) and allowed(p[2], p[3]))
+
+
 def by_clause(checks: Iterable[Check], universe: Iterable[Pair] = ()) -> dict[str, Any]:
     """Per clause and axis: the values that reached a check of the clause, those a passing
-    check of it exercised, and (with a declared ``universe``) those it never reached.
+    check of it exercised, and (with a declared ``universe``) those of the clause's scope
+    (:attr:`harness.clauses.Clause.scope`) it never reached.
 
     Returns:
         ``{clause: {axis: {"covered": [...], "reached": [...], "never": [...]}}}``; an axis
@@ -83,9 +102,11 @@ def by_clause(checks: Iterable[Check], universe: Iterable[Pair] = ()) -> dict[st
                     reached.setdefault(clause, {}).setdefault(axis, set()).update(seen)
                     if check.outcome == "passed":
                         covered.setdefault(clause, {}).setdefault(axis, set()).update(seen)
-    declared = values_of(universe)
+    universe = set(universe)
     table: dict[str, Any] = {}
     for clause in sorted(reached):
+        known = CLAUSES.get(clause)
+        declared = in_scope(universe, dict(known.scope) if known is not None else {})
         row: dict[str, Any] = {}
         for axis, values_reached in sorted(reached[clause].items()):
             row[axis] = {

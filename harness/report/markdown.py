@@ -144,8 +144,9 @@ def _clause_coverage_lines(coverage: dict[str, Any]) -> list[str]:
         "",
         clause_coverage_line(coverage) + ". Per clause: the axis values a passing check of the "
         "clause exercised, of those that reached its checks; values that reached it only in "
-        "checks that did not pass; and values of the suites' configuration space its checks "
-        "never drew (on the axes they report).",
+        "checks that did not pass; and values of the suites' configuration space inside the "
+        "clause's scope (a family, a precision: see `harness/clauses`) its checks never drew, "
+        "on the axes they report.",
         "",
         "| clause | covered | reached, not covered | never reached |",
         "|---|---|---|---|",

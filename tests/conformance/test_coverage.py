@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from harness.conformance.checks import Check
-from harness.conformance.coverage import MISSING_SHOWN, by_clause, coverage_of, pairs_of
+from harness.conformance.coverage import MISSING_SHOWN, by_clause, coverage_of, in_scope, pairs_of
 from harness.report import Report, render_markdown
 from harness.report.markdown import clause_coverage_line, coverage_line
 
@@ -104,3 +104,21 @@ def test_per_clause_coverage_names_values_covered_reached_and_never_drawn() -> N
     assert Report.from_dict(Report("1", {}, {}, [], coverage=coverage).to_dict()).coverage == (
         coverage
     )
+
+
+def test_a_clause_scope_keeps_values_it_does_not_speak_of_out_of_never_reached() -> None:
+    universe = {
+        ("family", f, "precision", p)
+        for f in ("fsdp", "model_parallel")
+        for p in ("32-true", "bf16-mixed", "16-true")
+    } | {("family", "model_parallel", "sharding", "tp"), ("family", "fsdp", "sharding", "NO_SHARD")}
+    assert in_scope(universe, {"precision": ("bf16-mixed",)})["precision"] == {"bf16-mixed"}
+    mixed = _check("passed", {"family": ("fsdp",), "precision": ("bf16-mixed",)})
+    mixed.clauses = ["PREC-2"]  # scope: bf16-mixed and 16-mixed
+    mp = _check("passed", {"family": ("model_parallel",), "sharding": ("tp",)})
+    mp.clauses = ["MP-4"]  # scope: the model_parallel family
+    table = by_clause([mixed, mp], universe)
+    assert table["PREC-2"]["precision"]["never"] == []  # 32-true and 16-true are out of scope
+    assert table["PREC-2"]["family"]["never"] == ["model_parallel"]
+    assert table["MP-4"]["sharding"]["never"] == []  # NO_SHARD is fsdp's
+    assert table["MP-4"]["family"]["never"] == []

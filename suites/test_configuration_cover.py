@@ -11,7 +11,10 @@ value too:
 
 - train two steps of two micro-batches, the first under ``no_backward_sync``, clipped, and
   compare clip norms (CLIP-1), then losses and parameters (TRAIN-1, SYNC-1) with the
-  unsharded model;
+  unsharded model; every rank gathers the same parameters (SHARD-2); the trained parameters
+  and the optimizer state have the precision's stored dtype (PREC-1, PREC-2 and PREC-3, each
+  on the rows of its precisions: the stored half of those clauses, their compute dtypes are
+  ``test_precision``'s);
 - save in the row's format with user metadata; the gathered model and optimizer state read
   before and after the save are bitwise equal (CKPT-SAVE-7);
 - load into fresh objects of the same configuration (another init and learning rate) and
@@ -35,12 +38,14 @@ from suites.lib.controller.checkpoint_checks import (
     assert_same_optim,
     check_on_disk,
     check_round_trip,
+    tree_diff,
 )
 from suites.lib.controller.covering import CoverRow, cover_rows, universe
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.oracles import (
     assert_close,
     assert_parity,
+    expected_dtypes,
     reference_run,
     scenario_tolerance,
 )
@@ -51,7 +56,15 @@ from suites.lib.shared.checkpoint_specs import META_KINDS, CkptPlan
 from suites.lib.shared.specs import Scenario
 
 WORLDS = tuple(available_world_sizes())
-COMMON = ("TRAIN-1", "SYNC-1", "CLIP-1", "CKPT-SAVE-7", "CKPT-STRICT-3")
+COMMON = ("TRAIN-1", "SYNC-1", "CLIP-1", "SHARD-2", "CKPT-SAVE-7", "CKPT-STRICT-3")
+#: the precision clause of each precision (the stored dtypes of parameters and state)
+PRECISION_CLAUSE = {
+    "32-true": "PREC-1",
+    "bf16-mixed": "PREC-2",
+    "16-mixed": "PREC-2",
+    "bf16-true": "PREC-3",
+    "16-true": "PREC-3",
+}
 ROUND_TRIP = ("CKPT-BUF-1", "CKPT-LOAD-2", "CKPT-SAVE-4")
 
 
@@ -59,7 +72,7 @@ def _clauses(row: CoverRow) -> tuple[str, ...]:
     own = ("CKPT-RT-1",) if row.fmt == "full" else ("CKPT-RT-2",)
     if row.scenario.family == "model_parallel":
         own += ("MP-3",)
-    return COMMON + own + ROUND_TRIP
+    return (*COMMON, PRECISION_CLAUSE[row.scenario.precision], *own, *ROUND_TRIP)
 
 
 ROWS = [
@@ -94,6 +107,27 @@ def _assert_trains_like_the_plain_model(results: list[RankResult], scenario: Sce
         raise AssertionError(f"TRAIN-1: {exc}") from None
 
 
+def _assert_same_everywhere_and_stored_right(outs: list[dict], row: CoverRow) -> None:
+    """SHARD-2 across the ranks' trained parameters; PREC-1/2/3 on their stored dtypes."""
+    first = outs[0]["trained"].state
+    for rank, out in enumerate(outs[1:], start=1):
+        found = tree_diff(out["trained"].state, first, f"rank {rank}'s gathered parameters")
+        assert found is None, f"SHARD-2: {row.id}: rank {rank} and rank 0 differ: {found}"
+    precision = row.scenario.precision
+    stored = str(expected_dtypes(precision)["stored"])
+    clause = PRECISION_CLAUSE[precision]
+    for rank, out in enumerate(outs):
+        got = out["dtypes"]
+        assert got["params"] == [stored], (
+            f"{clause}: rank {rank}, {row.id}: sharded parameters are {got['params']} under "
+            f"{precision}; expected {stored}"
+        )
+        assert got["optim"] in ([], [stored]), (
+            f"{clause}: rank {rank}, {row.id}: optimizer state is {got['optim']} under "
+            f"{precision}; expected {stored}"
+        )
+
+
 @pytest.mark.parametrize("row", ROWS)
 def test_configuration_trains_and_round_trips(
     row: CoverRow, tmp_path_factory: pytest.TempPathFactory
@@ -103,6 +137,7 @@ def test_configuration_trains_and_round_trips(
     directory = tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp())
     outs = run(round_trip_rank, plan, directory, True, world_size=row.scenario.world_size)
     _assert_trains_like_the_plain_model([out["trained"] for out in outs], row.scenario)
+    _assert_same_everywhere_and_stored_right(outs, row)
     for rank, out in enumerate(outs):
         where = f"rank {rank}, {row.id}: read before and after the save"
         before, saved = out["before"], out["saved"]

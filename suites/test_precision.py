@@ -17,6 +17,8 @@ from suites.lib.controller.oracles import (
     assert_close_state,
     assert_parity,
     assert_same_on_ranks,
+    expected_dtypes,
+    half_dtype,
     reference_run,
 )
 from suites.lib.controller.scenarios import scenarios, train_plans
@@ -34,21 +36,7 @@ from suites.lib.shared.models import Scale, clean_name
 from suites.lib.shared.specs import Scenario
 
 FAMILIES = st.sampled_from(["fsdp", "model_parallel"])
-LOW = {"bf16": torch.bfloat16, "16": torch.float16}
 SHARDINGS = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")
-
-
-def _low(precision: str) -> torch.dtype:
-    return LOW[precision.split("-")[0]]
-
-
-def _expected(precision: str) -> dict[str, torch.dtype]:
-    """Stored (parameter, optimizer state) and compute dtypes a precision must give."""
-    if precision == "32-true":
-        return {"stored": torch.float32, "compute": torch.float32}
-    if precision.endswith("-mixed"):
-        return {"stored": torch.float32, "compute": _low(precision)}
-    return {"stored": _low(precision), "compute": _low(precision)}
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -76,7 +64,7 @@ def _dtype_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
 
 def _check_dtypes(scenario: Scenario, grads: bool) -> list[dict[str, Any]]:
     outs = run(_dtype_rank, scenario, world_size=scenario.world_size)
-    want = {k: str(v) for k, v in _expected(scenario.precision).items()}
+    want = {k: str(v) for k, v in expected_dtypes(scenario.precision).items()}
     for rank, out in enumerate(outs):
         where = f"rank {rank} ({scenario.precision})"
         assert out["params"] == [want["stored"]], f"{where}: sharded parameters {out['params']}"
@@ -117,7 +105,7 @@ def test_fp32_keeps_everything_float32(scenario: Scenario) -> None:
 def test_mixed_precision_keeps_float32_masters_and_computes_low(scenario: Scenario) -> None:
     outs = _check_dtypes(scenario, grads=False)
     if scenario.family == "fsdp":
-        low = str(_low(scenario.precision))
+        low = str(half_dtype(scenario.precision))
         for rank, out in enumerate(outs):
             assert out["reduce"] == [low], f"rank {rank}: FSDP reduce dtypes {out['reduce']}"
 
@@ -204,7 +192,7 @@ def _buffer_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
     )
 )
 def test_buffers_compute_low_but_are_saved_as_stored(scenario: Scenario) -> None:
-    want = _expected(scenario.precision)
+    want = expected_dtypes(scenario.precision)
     # a mixed precision may compute with buffers in the low dtype (FSDP's buffer_dtype) or
     # keep them at their stored dtype; either way they are saved as stored, bit for bit
     compute = {str(want["compute"]), str(want["stored"])}

@@ -75,13 +75,25 @@ def _sorted_values(values: Mapping[str, Iterable[str]]) -> dict[str, list[str]]:
 
 
 def in_scope(universe: Iterable[Pair], scope: Mapping[str, Sequence[str]]) -> dict[str, set[str]]:
-    """The values each axis takes in the pairs of ``universe`` whose two values are both
-    allowed by ``scope`` (allowed values per axis; an axis it does not name is free)."""
-
-    def allowed(axis: str, value: str) -> bool:
-        return axis not in scope or value in scope[axis]
-
-    return values_of(p for p in universe if allowed(p[0], p[1]) and allowed(p[2], p[3]))
+    """The values each axis takes inside ``scope`` (allowed values per axis; an axis it does
+    not name is free): a value is inside when it is allowed on its own axis and, on every
+    other scoped axis, some pair of ``universe`` puts it beside an allowed value (a
+    model-parallel-only value is outside a scope of ``family: fsdp``)."""
+    beside: dict[tuple[str, str], dict[str, set[str]]] = {}
+    for first, a, second, b in universe:
+        beside.setdefault((first, a), {}).setdefault(second, set()).add(b)
+        beside.setdefault((second, b), {}).setdefault(first, set()).add(a)
+    found: dict[str, set[str]] = {}
+    for (axis, value), others in beside.items():
+        if axis in scope and value not in scope[axis]:
+            continue
+        if all(
+            others.get(other, set()) & set(allowed)
+            for other, allowed in scope.items()
+            if other != axis
+        ):
+            found.setdefault(axis, set()).add(value)
+    return found
 
 
 def by_clause(checks: Iterable[Check], universe: Iterable[Pair] = ()) -> dict[str, Any]:

@@ -113,6 +113,10 @@ def test_a_clause_scope_keeps_values_it_does_not_speak_of_out_of_never_reached()
         for p in ("32-true", "bf16-mixed", "16-true")
     } | {("family", "model_parallel", "sharding", "tp"), ("family", "fsdp", "sharding", "NO_SHARD")}
     assert in_scope(universe, {"precision": ("bf16-mixed",)})["precision"] == {"bf16-mixed"}
+    fsdp_only = in_scope(
+        universe | {("precision", "16-true", "sharding", "tp")}, {"family": ("fsdp",)}
+    )
+    assert fsdp_only["sharding"] == {"NO_SHARD"}  # tp is never beside family fsdp
     mixed = _check("passed", {"family": ("fsdp",), "precision": ("bf16-mixed",)})
     mixed.clauses = ["PREC-2"]  # scope: bf16-mixed and 16-mixed
     mp = _check("passed", {"family": ("model_parallel",), "sharding": ("tp",)})

@@ -26,12 +26,14 @@ from suites.lib.shared.models import build_model, clean_name, make_batch
 from suites.lib.shared.specs import Scenario
 
 __all__ = [
+    "LOW_DTYPES",
     "Reference",
     "assert_close",
     "assert_close_state",
     "assert_parity",
     "assert_same_on_ranks",
     "backward_plain_step",
+    "expected_dtypes",
     "low_dtype",
     "named_optim_state",
     "plain_train",
@@ -309,3 +311,21 @@ def assert_parity(
             got = {k: v for k, v in r.grads.items() if v is not None}
             assert_close_state(got, wanted, tol, what=f"{where}: gradient")
     return ref
+
+
+LOW_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16}
+
+
+def half_dtype(precision: str) -> torch.dtype:
+    """The low dtype of a ``bf16-*`` or ``16-*`` precision (mixed or true)."""
+    return LOW_DTYPES[precision.split("-")[0]]
+
+
+def expected_dtypes(precision: str) -> dict[str, torch.dtype]:
+    """Stored (parameters, optimizer state) and compute dtypes a precision must give
+    (PREC-1, PREC-2, PREC-3)."""
+    if precision == "32-true":
+        return {"stored": torch.float32, "compute": torch.float32}
+    if precision.endswith("-mixed"):
+        return {"stored": torch.float32, "compute": half_dtype(precision)}
+    return {"stored": half_dtype(precision), "compute": half_dtype(precision)}

@@ -20,7 +20,14 @@ from torch import Tensor
 
 from harness import RankContext, Strategy
 from suites.lib.ranks.readers import gathered_optim_state, gathered_state
-from suites.lib.ranks.training import RankResult, Trained, end, setup, train
+from suites.lib.ranks.training import (
+    RankResult,
+    Trained,
+    end,
+    optimizer_state_dtypes,
+    setup,
+    train,
+)
 from suites.lib.shared.checkpoint_specs import (
     FORMATS,
     CkptPlan,
@@ -204,14 +211,16 @@ def round_trip_rank(
         plan: the round trip (``plan.load`` at the same world size).
         directory: where the checkpoint goes (:func:`path_for`).
         effects: also return the training (``trained``: losses, clip norms, the state
-            before the save) and the state read just before the save (``before``), for
-            TRAIN-1 and CKPT-SAVE-7. Off for plans that never step: reading an optimizer
-            that never stepped initializes its state, which the save would then hold.
+            before the save), the state read just before the save (``before``) and the
+            dtypes of the trained parameters and optimizer state (``dtypes``), for TRAIN-1,
+            SHARD-2, CKPT-SAVE-7 and PREC-1/2/3. Off for plans that never step: reading an
+            optimizer that never stepped initializes its state, which the save would then
+            hold.
 
     Returns:
         ``saved``, ``loaded``, ``restored``, ``same_counter``, ``returned``, ``volatile``,
         ``after_step`` (see :func:`suites.lib.controller.checkpoint_checks.check_round_trip`),
-        plus ``trained`` and ``before`` with ``effects``.
+        plus ``trained``, ``before`` and ``dtypes`` with ``effects``.
     """
     path = path_for(directory, plan.fmt)
     t = build(ctx, plan.save, plan.fmt)
@@ -220,7 +229,11 @@ def round_trip_rank(
     if effects:
         trained.rank = ctx.rank
         trained.state = gathered_state(t.model)
-        extra = {"trained": trained, "before": read_state(t)}
+        dtypes = {
+            "params": sorted({str(p.dtype) for p in t.model.parameters()}),
+            "optim": optimizer_state_dtypes(t.optimizer),
+        }
+        extra = {"trained": trained, "before": read_state(t), "dtypes": dtypes}
     t.strategy.save_checkpoint(
         path, {"model": t.model, "optimizer": t.optimizer, **make_metadata(plan.meta)}
     )

@@ -19,6 +19,12 @@ Bugs, with the clause whose suite test must catch them (``BUGS``):
   (INIT-1).
 - ``sticky_no_sync``: ``no_backward_sync`` turns gradient sync off and never restores it
   (SYNC-1).
+- ``mixed_local_clip``: under ``bf16-mixed`` only, FSDP1 clipping calls torch's plain
+  ``clip_grad_norm_`` on the root's parameters, which sees each rank's local shard: the norm
+  is too small wherever parameters are sharded (CLIP-1). CLIP-1's Hypothesis check draws
+  ``32-true`` and ``16-mixed`` only, so under ``ci`` it passes; the configuration cover
+  (``suites/test_configuration_cover.py``) reaches ``bf16-mixed`` with a sharded strategy by
+  construction and catches it.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ __all__ = [
     "BUGS",
     "make_double_checkpointing",
     "make_fsdp2_local_clip",
+    "make_mixed_local_clip",
     "make_noshard_clip",
     "make_root_only_reset",
     "make_sticky_no_sync",
@@ -54,6 +61,7 @@ BUGS = {
     "double_checkpointing": "AC-1",
     "root_only_reset": "INIT-1",
     "sticky_no_sync": "SYNC-1",
+    "mixed_local_clip": "CLIP-1",
 }
 
 
@@ -192,6 +200,24 @@ def _sync_off(root: FSDP) -> Generator[None, None, None]:
     yield  # BUG: nothing restores _sync_gradients on exit
 
 
+class MixedLocalClipStrategy(FSDPStrategy):
+    """Clips with torch's plain ``clip_grad_norm_`` over local shards (swapped in under
+    ``bf16-mixed`` only)."""
+
+    @torch.no_grad()
+    def clip_gradients_norm(
+        self,
+        module: nn.Module,
+        optimizer: Optimizer,
+        max_norm: float,
+        norm_type: float = 2.0,
+        error_if_nonfinite: bool = True,
+    ) -> Tensor:
+        root = self._require_root(module, "clip_gradients_norm")
+        self.precision.unscale_gradients(optimizer)
+        return torch.nn.utils.clip_grad_norm_(root.parameters(), max_norm, norm_type)
+
+
 def _swap(spec: StrategySpec, family: str, cls: type) -> Any:
     strategy = reference_impl.make_strategy(spec)
     if spec.family == family:
@@ -217,6 +243,14 @@ def make_double_checkpointing(spec: StrategySpec) -> Any:
 def make_root_only_reset(spec: StrategySpec) -> Any:
     """fsdp: meta-device init resets only each wrap unit's root (INIT-1)."""
     return _swap(spec, "fsdp", RootOnlyResetStrategy)
+
+
+def make_mixed_local_clip(spec: StrategySpec) -> Any:
+    """fsdp, bf16-mixed: clipping with the local shards' norm (CLIP-1)."""
+    strategy = reference_impl.make_strategy(spec)
+    if spec.family == "fsdp" and str(spec.precision) == "bf16-mixed":
+        strategy.__class__ = MixedLocalClipStrategy
+    return strategy
 
 
 def make_sticky_no_sync(spec: StrategySpec) -> Any:

@@ -32,6 +32,7 @@ __all__ = [
     "SHARDED_1X2_TO_2X2",
     "SYNC_NESTED",
     "SYNC_TIED_MIXED",
+    "WRAP_MHA_MIXED",
 ]
 
 _MODEL = ModelSpec(
@@ -83,6 +84,25 @@ AC_BLOCKS = Scenario(
     FSDPConfig("FULL_SHARD", _NESTED, ACSpec("classes", ("Block",))),
     OptimSpec("sgd"),
     TrainPlan(1),
+)
+#: a size-based policy under bf16-mixed on a model with nn.MultiheadAttention: torch's FSDP1
+#: recursed into the attention (a forced leaf of the size policy) and wrapped its out_proj,
+#: which the attention never calls, so under NO_SHARD its gradient was never all-reduced and
+#: the ranks diverged (see the reference's [Note: callable policies under mixed precision])
+WRAP_MHA_MIXED = Scenario(
+    2,
+    ModelSpec(
+        hidden=6,
+        blocks=(
+            BlockSpec("AttentionBlock", ffn=1, norm=False, attention="mha", heads=2, tokens=3),
+        ),
+        in_features=4,
+        out=1,
+        seed=13293,
+    ),
+    FSDPConfig("NO_SHARD", WrapSpec("size", min_num_params=7), precision="bf16-mixed"),
+    OptimSpec("adam", lr=0.003),
+    TrainPlan(1, data_seed=231),
 )
 
 #: a checkpoint saved at data-parallel 1 x tensor-parallel 2 and loaded at 2 x 2, with sizes

@@ -152,7 +152,9 @@ def test_rotary_tables_are_non_persistent_and_recomputed() -> None:
     assert not set(names) & set(model.state_dict())
     rotary = model.blocks[0].attn.rotary
     positions = torch.arange(1, 4, dtype=torch.float32)[:, None]
-    assert torch.allclose(rotary.cos, positions.cos()) and torch.allclose(rotary.sin, positions.sin())
+    assert torch.allclose(rotary.cos, positions.cos()) and torch.allclose(
+        rotary.sin, positions.sin()
+    )
     with torch.no_grad():
         rotary.cos.fill_(7.0)
     rotary.reset_parameters()

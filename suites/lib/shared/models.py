@@ -16,6 +16,10 @@ into ``tokens`` tokens (``(B, hidden) -> (B, tokens, hidden / tokens)``) and att
 the tokens of that sample only, so samples stay independent: the data-parallel ranks'
 batches compose to the plain model's result exactly as for the MLP blocks.
 
+The layers live in :mod:`suites.lib.shared.layers` (seeded ``Linear``, ``Embedding``,
+``LayerNorm``, ``Scale``) and :mod:`suites.lib.shared.attention` (attention and rotary
+tables); this module builds the blocks and the model from them and re-exports them.
+
 The module classes carry stable names (``Block``, ``NestedBlock``, ``Scale``, ...) because
 wrap and checkpointing policies select modules by class; scenarios refer to them by name
 and :func:`module_class` turns a name back into the class on the ranks.
@@ -23,13 +27,24 @@ and :func:`module_class` turns a name back into the class on the ranks.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from suites.lib.shared.attention import HEAD_DIM, HandAttention, MHAAttention, Rotary, SeededMHA
+from suites.lib.shared.layers import (
+    Embedding,
+    LayerNorm,
+    Linear,
+    Scale,
+    Seeded,
+    fill,
+    normal,
+    seed_for,
+)
 
 __all__ = [
     "ATTENTION_KINDS",
@@ -60,13 +75,6 @@ __all__ = [
 ]
 
 
-def seed_for(*parts: object) -> int:
-    """A process-independent 31-bit seed from ``parts`` (Python's ``hash`` is salted)."""
-    return zlib.crc32("/".join(str(p) for p in parts).encode()) & 0x7FFFFFFF
-
-
-#: width of one attention head (rotary position embedding rotates pairs of features)
-HEAD_DIM = 2
 BLOCK_KINDS = ("Block", "NestedBlock", "AttentionBlock")
 ATTENTION_KINDS = ("hand", "mha")
 
@@ -166,122 +174,6 @@ class ModelSpec:
             )
 
 
-class _Seeded:
-    """Mixin: ``reset_parameters`` fills this module's own tensors from its init key."""
-
-    _init_key: tuple[int, str] | None = None
-
-    def _seed(self, key: tuple[int, str]) -> None:
-        self._init_key = key
-        self.reset_parameters()  # type: ignore[attr-defined]
-
-    def _generator(self) -> torch.Generator | None:
-        if self._init_key is None:  # called from the torch base class's __init__
-            return None
-        return torch.Generator().manual_seed(seed_for(*self._init_key))
-
-
-def _fill(target: Tensor, values: Tensor) -> None:
-    """Copy full-shape CPU ``values`` into ``target`` (plain, DTensor or meta)."""
-    if target.is_meta:
-        return
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    with torch.no_grad():
-        if isinstance(target, DTensor):
-            local = distribute_tensor(
-                values.to(target.dtype),
-                target.device_mesh,
-                target.placements,
-                src_data_rank=None,
-            )
-            target.copy_(local.to(target.device))
-        else:
-            target.copy_(values.to(device=target.device, dtype=target.dtype))
-
-
-def _normal(gen: torch.Generator, shape: torch.Size) -> Tensor:
-    # always draw in float32: the stream must not depend on the default dtype (*-true inits)
-    return torch.randn(shape, generator=gen, dtype=torch.float32)
-
-
-def _uniform(gen: torch.Generator, shape: torch.Size, bound: float) -> Tensor:
-    return (torch.rand(shape, generator=gen, dtype=torch.float32) * 2 - 1) * bound
-
-
-class Linear(_Seeded, nn.Linear):
-    """``nn.Linear`` (so tensor-parallel styles accept it) with a seeded init."""
-
-    def __init__(self, in_f: int, out_f: int, *, key: tuple[int, str], tied: bool = False):
-        super().__init__(in_f, out_f)
-        self.tied = tied  # the weight belongs to the Embedding: never re-initialize it here
-        self._seed(key)
-
-    def reset_parameters(self) -> None:
-        gen = self._generator()
-        if gen is None:
-            return
-        bound = self.in_features**-0.5
-        weight = _uniform(gen, self.weight.shape, bound)
-        if not getattr(self, "tied", False):
-            _fill(self.weight, weight)
-        _fill(self.bias, _uniform(gen, self.bias.shape, bound))
-
-
-class Embedding(_Seeded, nn.Embedding):
-    """``nn.Embedding`` with a seeded init."""
-
-    def __init__(self, num: int, dim: int, *, key: tuple[int, str]):
-        super().__init__(num, dim)
-        self._seed(key)
-
-    def reset_parameters(self) -> None:
-        gen = self._generator()
-        if gen is not None:
-            _fill(self.weight, _normal(gen, self.weight.shape) * 0.5)
-
-
-class LayerNorm(_Seeded, nn.LayerNorm):
-    """``nn.LayerNorm`` with a seeded, non-trivial affine init (ones would hide swaps)."""
-
-    def __init__(self, dim: int, *, key: tuple[int, str]):
-        super().__init__(dim)
-        self._seed(key)
-
-    def reset_parameters(self) -> None:
-        gen = self._generator()
-        if gen is not None:
-            _fill(self.weight, 1 + 0.1 * _normal(gen, self.weight.shape))
-            _fill(self.bias, 0.1 * _normal(gen, self.bias.shape))
-
-
-class Scale(_Seeded, nn.Module):
-    """``x * scale * gate + offset``: a persistent buffer, a non-persistent buffer and a
-    one-element parameter. ``seen_dtype`` records the buffer dtype used in the last forward."""
-
-    scale: Tensor
-    offset: Tensor
-
-    def __init__(self, dim: int, *, key: tuple[int, str]):
-        super().__init__()
-        self.gate = nn.Parameter(torch.empty(1))
-        self.register_buffer("scale", torch.empty(dim), persistent=True)
-        self.register_buffer("offset", torch.empty(dim), persistent=False)
-        self.seen_dtype = ""
-        self._seed(key)
-
-    def reset_parameters(self) -> None:
-        gen = self._generator()
-        if gen is not None:
-            _fill(self.gate, 1 + 0.1 * _normal(gen, torch.Size([1])))
-            _fill(self.scale, 1 + 0.1 * _normal(gen, self.scale.shape))
-            _fill(self.offset, 0.1 * _normal(gen, self.offset.shape))
-
-    def forward(self, x: Tensor) -> Tensor:
-        self.seen_dtype = str(self.scale.dtype).replace("torch.", "")
-        return x * self.scale * self.gate + self.offset
-
-
 class Block(nn.Module):
     """Pre-norm residual MLP: ``x + fc2(gelu(fc1(norm(x))))``."""
 
@@ -313,106 +205,6 @@ class NestedBlock(nn.Module):
         return x
 
 
-class Rotary(_Seeded, nn.Module):
-    """Rotary position tables of ``tokens`` positions, as two non-persistent buffers.
-
-    ``cos``/``sin`` (``tokens x HEAD_DIM // 2``) are computed from the shape alone, never
-    saved: :meth:`reset_parameters` recomputes them, so they are right after meta-device
-    init and materialization (``to_empty`` leaves garbage in every buffer).
-    """
-
-    cos: Tensor
-    sin: Tensor
-
-    def __init__(self, tokens: int, *, key: tuple[int, str]):
-        super().__init__()
-        self.register_buffer("cos", torch.empty(tokens, HEAD_DIM // 2), persistent=False)
-        self.register_buffer("sin", torch.empty(tokens, HEAD_DIM // 2), persistent=False)
-        self._seed(key)
-
-    def reset_parameters(self) -> None:
-        if self._init_key is None:
-            return
-        tokens = self.cos.shape[0]
-        inv_freq = 10.0 ** (-torch.arange(0, HEAD_DIM, 2, dtype=torch.float32) / HEAD_DIM)
-        angles = torch.outer(torch.arange(tokens, dtype=torch.float32) + 1, inv_freq)
-        _fill(self.cos, angles.cos())
-        _fill(self.sin, angles.sin())
-
-    def forward(self, x: Tensor) -> Tensor:
-        """Rotate ``x`` of shape ``(batch, tokens, heads, HEAD_DIM)`` by position."""
-        cos = self.cos.to(x.dtype)[:, None, :]
-        sin = self.sin.to(x.dtype)[:, None, :]
-        even, odd = x[..., 0::2], x[..., 1::2]
-        return torch.stack((even * cos - odd * sin, even * sin + odd * cos), -1).flatten(-2)
-
-
-def _attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """Softmax attention within each sample: ``(B, T, H, D)`` in, ``(B, T, H * D)`` out."""
-    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
-    weights = torch.softmax(q @ k.transpose(-1, -2) * HEAD_DIM**-0.5, dim=-1)
-    return (weights @ v).transpose(1, 2).flatten(2)
-
-
-class HandAttention(nn.Module):
-    """Hand-written multi-head attention: ``wq``/``wk``/``wv``/``wo`` Linears and rotary
-    positions on q and k.
-
-    Heads are read from the projections' width (``unflatten(-1, (-1, HEAD_DIM))``), so a
-    tensor-parallel plan that splits ``wq``/``wk``/``wv`` column-wise (whole heads per
-    rank) and ``wo`` row-wise runs the same code on each rank's heads.
-    """
-
-    def __init__(self, width: int, spec: BlockSpec, *, seed: int, name: str):
-        super().__init__()
-        inner = spec.heads * HEAD_DIM
-        for proj in ("wq", "wk", "wv"):
-            setattr(self, proj, Linear(width, inner, key=(seed, f"{name}.{proj}")))
-        self.wo = Linear(inner, width, key=(seed, f"{name}.wo"))
-        self.rotary = Rotary(spec.tokens, key=(seed, f"{name}.rotary"))
-
-    def forward(self, t: Tensor) -> Tensor:
-        q, k, v = (getattr(self, p)(t).unflatten(-1, (-1, HEAD_DIM)) for p in ("wq", "wk", "wv"))
-        return self.wo(_attend(self.rotary(q), self.rotary(k), v))
-
-
-class SeededMHA(_Seeded, nn.MultiheadAttention):
-    """``nn.MultiheadAttention`` (batch first) with a seeded init; ``out_proj`` is a zoo
-    :class:`Linear`. Its forward reads ``out_proj.weight`` directly and never calls
-    ``out_proj`` (pytorch/pytorch#78109), so ``out_proj`` cannot be a wrap unit of its own."""
-
-    def __init__(self, dim: int, heads: int, *, key: tuple[int, str]):
-        super().__init__(dim, heads, batch_first=True)
-        self.out_proj = Linear(dim, dim, key=(key[0], f"{key[1]}.out_proj"))
-        self._seed(key)
-
-    def reset_parameters(self) -> None:
-        gen = self._generator()
-        if gen is None:
-            return
-        bound = self.embed_dim**-0.5
-        _fill(self.in_proj_weight, _uniform(gen, self.in_proj_weight.shape, bound))
-        if self.in_proj_bias is not None:
-            _fill(self.in_proj_bias, _uniform(gen, self.in_proj_bias.shape, bound))
-
-
-class MHAAttention(nn.Module):
-    """``proj_in`` -> rotary positions -> ``nn.MultiheadAttention`` -> ``proj_out``."""
-
-    def __init__(self, width: int, spec: BlockSpec, *, seed: int, name: str):
-        super().__init__()
-        inner = spec.heads * HEAD_DIM
-        self.proj_in = Linear(width, inner, key=(seed, f"{name}.proj_in"))
-        self.rotary = Rotary(spec.tokens, key=(seed, f"{name}.rotary"))
-        self.mha = SeededMHA(inner, spec.heads, key=(seed, f"{name}.mha"))
-        self.proj_out = Linear(inner, width, key=(seed, f"{name}.proj_out"))
-
-    def forward(self, t: Tensor) -> Tensor:
-        h = self.rotary(self.proj_in(t).unflatten(-1, (-1, HEAD_DIM))).flatten(-2)
-        out, _ = self.mha(h, h, h, need_weights=False)
-        return self.proj_out(out)
-
-
 class AttentionBlock(nn.Module):
     """A tiny pre-norm transformer block on ``(batch, hidden)``.
 
@@ -428,7 +220,7 @@ class AttentionBlock(nn.Module):
         key = (seed, f"{name}.norm_attn")
         self.norm_attn = LayerNorm(width, key=key) if spec.norm else nn.Identity()
         kind = HandAttention if spec.attention == "hand" else MHAAttention
-        self.attn = kind(width, spec, seed=seed, name=f"{name}.attn")
+        self.attn = kind(width, spec.heads, spec.tokens, seed=seed, name=f"{name}.attn")
         self.norm = LayerNorm(hidden, key=(seed, f"{name}.norm")) if spec.norm else nn.Identity()
         self.fc1 = Linear(hidden, spec.ffn, key=(seed, f"{name}.fc1"))
         self.fc2 = Linear(spec.ffn, hidden, key=(seed, f"{name}.fc2"))
@@ -439,7 +231,7 @@ class AttentionBlock(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
 
 
-class ZooModel(_Seeded, nn.Module):
+class ZooModel(Seeded, nn.Module):
     """Input layer, optional shared Block, trunk of blocks, shared Block again, optional
     root ``gain``, optional Scale, head (optionally tied to the input)."""
 
@@ -469,7 +261,7 @@ class ZooModel(_Seeded, nn.Module):
         """(Re)initialize the root's own parameter (``gain``), if any; children own theirs."""
         gen = self._generator()
         if gen is not None and self.spec.root_param:
-            _fill(self.gain, 1 + 0.1 * _normal(gen, self.gain.shape))
+            fill(self.gain, 1 + 0.1 * normal(gen, self.gain.shape))
 
     def _block(self, spec: BlockSpec, i: int) -> nn.Module:
         name = f"blocks.{i}"

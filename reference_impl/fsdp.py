@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import _Policy
 from torch.optim import Optimizer
 from typing_extensions import override
 
@@ -41,6 +42,7 @@ from reference_impl.fsdp_options import (
 )
 from reference_impl.fsdp_workarounds import (
     allow_low_precision_shared_grads,
+    callable_policy_as_selection,
     reregister_frozen_views,
 )
 from reference_impl.meta_init import MetaMaterializer, has_meta_tensors
@@ -255,6 +257,9 @@ class FSDPStrategy(ShardedStrategyBase):
 
     def _wrap(self, module: nn.Module, policy: Any) -> FSDP:
         kwargs = dict(self._fsdp_kwargs)
+        if self.mixed_precision_config is not None and callable(policy):
+            if not isinstance(policy, _Policy):  # see [Note: callable policies under mixed ...]
+                policy = callable_policy_as_selection(module, policy, select_modules)
         materializer = None
         if has_meta_tensors(module) and kwargs.get("param_init_fn") is None:
             materializer = MetaMaterializer(module, self.root_device)

@@ -1,5 +1,6 @@
-"""Workarounds for two FSDP1 (``FullyShardedDataParallel``) bugs of torch 2.13 with
-``use_orig_params=True``, applied by :class:`reference_impl.fsdp.FSDPStrategy`.
+"""Workarounds for FSDP1 (``FullyShardedDataParallel``) bugs of torch 2.13 (two with
+``use_orig_params=True``, one of auto wrapping under mixed precision), applied by
+:class:`reference_impl.fsdp.FSDPStrategy`.
 
 Each function's docstring names the torch code at fault, the symptom and why the fix is
 safe; the suites keep a regression scenario for each (``suites/lib/controller/regressions.py``).
@@ -7,10 +8,45 @@ safe; the suites keep a regression scenario for each (``suites/lib/controller/re
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import CustomPolicy
 
-__all__ = ["allow_low_precision_shared_grads", "reregister_frozen_views"]
+__all__ = [
+    "allow_low_precision_shared_grads",
+    "callable_policy_as_selection",
+    "reregister_frozen_views",
+]
+
+
+def callable_policy_as_selection(
+    root: nn.Module, policy: Callable[..., bool], select: Callable[[nn.Module, Any], list]
+) -> CustomPolicy:
+    """The modules a callable wrap policy picks, as a policy object that picks exactly them.
+
+    [Note: callable policies under mixed precision] With a ``mixed_precision`` config FSDP1
+    ORs a callable ``auto_wrap_policy`` with ``_wrap_module_cls_individually`` (added for
+    BatchNorm by pytorch/pytorch#76642), whose answer to ``recurse=True`` is always True.
+    The user's "do not recurse here" is lost: ``size_based_auto_wrap_policy`` keeps
+    ``nn.MultiheadAttention`` a leaf (``FORCE_LEAF_MODULES``), yet FSDP1 then wraps its
+    ``out_proj``, which MultiheadAttention never calls (pytorch/pytorch#78109): the unit is
+    never unsharded (FULL_SHARD: "mat2 must be a matrix, got 1-D tensor"; bf16: a dtype
+    mismatch) and under NO_SHARD its gradient is never all-reduced, so ranks diverge
+    (measured, torch 2.13). Replaying the policy's own recursion (``select``, as FSDP1 does
+    without mixed precision) and handing FSDP1 the result as a ``CustomPolicy`` keeps the
+    units the policy picks (WRAP-1); FSDP1 still wraps its mixed-precision-ignored classes
+    individually on that path.
+
+    Args:
+        root: the unwrapped model.
+        policy: a callable ``fn(module, recurse, nonwrapped_numel)`` policy.
+        select: :func:`reference_impl.policies.select_modules`.
+    """
+    chosen = {id(m) for m in select(root, policy)}
+    return CustomPolicy(lambda module: id(module) in chosen)
 
 
 def reregister_frozen_views(root: nn.Module) -> None:

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 
 from harness import RankContext
 from suites.lib.controller.dispatch import run
@@ -18,9 +18,29 @@ from suites.lib.ranks.structure import fsdp2_units, sync_flags
 from suites.lib.ranks.training import end, setup, train_rank
 from suites.lib.shared.models import BlockSpec, ModelSpec, build_model, clean_name
 from suites.lib.shared.parallelize import expected_tp_placements, parallelize_zoo
-from suites.lib.shared.specs import MPConfig, Scenario
+from suites.lib.shared.specs import MPConfig, OptimSpec, Scenario, TrainPlan
 
 SPEC = ModelSpec(hidden=4, blocks=(BlockSpec(ffn=4), BlockSpec("NestedBlock", ffn=2, inner=1)))
+#: the transformer-shaped zoo on a 2 x 2 mesh: hand attention split by heads over the
+#: tensor-parallel dim, nn.MultiheadAttention left to FSDP2, a root parameter and a Block
+#: called twice (its own unit); drawn scenarios reach it only by chance
+ZOO_2X2 = Scenario(
+    4,
+    ModelSpec(
+        hidden=6,
+        blocks=(
+            BlockSpec("AttentionBlock", ffn=2, heads=2, tokens=3),
+            BlockSpec("AttentionBlock", ffn=2, attention="mha", heads=2, tokens=2),
+        ),
+        root_param=True,
+        shared=True,
+        shared_ffn=2,
+        seed=5,
+    ),
+    MPConfig(2, 2, "mlp", fsdp_classes=("AttentionBlock", "Block")),
+    OptimSpec("adamw", lr=0.01),
+    TrainPlan(2),
+)
 
 
 def _mesh_rank(ctx: RankContext, dp: int, tp: int) -> dict[str, Any]:
@@ -76,6 +96,7 @@ def test_the_mesh_is_built_at_setup_environment_and_handed_over(case: tuple) -> 
         plan=train_plans(max_steps=2, max_micro=2),
     )
 )
+@example(ZOO_2X2)
 def test_tensor_parallel_and_fsdp2_training_matches_the_plain_model(scenario: Scenario) -> None:
     results = run(train_rank, scenario, world_size=scenario.world_size)
     assert_parity(results, scenario)
@@ -95,6 +116,7 @@ def _layout_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
 
 @pytest.mark.clause("SHARD-1", "MP-2")
 @given(scenarios("model_parallel"))
+@example(ZOO_2X2)
 def test_fsdp2_and_tensor_parallel_placements(scenario: Scenario) -> None:
     config = scenario.strategy
     assert isinstance(config, MPConfig)

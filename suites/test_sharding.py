@@ -23,7 +23,7 @@ from suites.lib.controller.oracles import (
     assert_same_on_ranks,
     reference_run,
 )
-from suites.lib.controller.regressions import AC_BLOCKS
+from suites.lib.controller.regressions import AC_BLOCKS, WRAP_MHA_MIXED
 from suites.lib.controller.scenarios import job_world, scenarios, train_plans
 from suites.lib.controller.tolerances import EXACT
 from suites.lib.ranks.readers import gathered_state
@@ -81,6 +81,7 @@ def test_each_rank_holds_its_share_of_every_unit(scenario: Scenario) -> None:
 
 
 @pytest.mark.clause("SHARD-2")
+@example(WRAP_MHA_MIXED)
 @given(
     FAMILIES.flatmap(
         lambda family: scenarios(

@@ -32,15 +32,17 @@ from suites.lib.controller.regressions import (
     CLIP_NO_SHARD,
     INIT_FSDP2,
     INIT_NESTED,
+    INIT_ZOO,
     SYNC_NESTED,
     SYNC_TIED_MIXED,
+    TRAIN_ZOO,
 )
 from suites.lib.controller.scenarios import SHARDING_STRATEGIES, job_world, scenarios, train_plans
 from suites.lib.controller.tolerances import EXACT, tolerance
 from suites.lib.ranks.readers import gathered_state
 from suites.lib.ranks.structure import sync_flags
 from suites.lib.ranks.training import RankResult, end, micro_step, setup, train_rank
-from suites.lib.shared.models import Scale, build_model, clean_name, make_batch
+from suites.lib.shared.models import build_model, clean_name, make_batch
 from suites.lib.shared.parallelize import parallelize_zoo
 from suites.lib.shared.specs import FSDPConfig, Scenario, TrainPlan
 
@@ -50,6 +52,7 @@ SHARDED = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
 
 @pytest.mark.clause("TRAIN-1")
 @given(scenarios("fsdp", plan=train_plans(max_steps=2)))
+@example(TRAIN_ZOO)
 def test_training_matches_the_unsharded_model(scenario: Scenario) -> None:
     results = run(train_rank, scenario, world_size=scenario.world_size)
     assert_parity(results, scenario)
@@ -311,10 +314,12 @@ def test_a_nonfinite_norm_raises_on_every_rank_and_leaves_gradients(scenario: Sc
 
 def _init_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
     t = setup(ctx, scenario)
-    offsets = {
-        clean_name(n): m.offset.detach().to("cpu", copy=True)
-        for n, m in t.model.named_modules()
-        if isinstance(m, Scale)
+    plain = build_model(scenario.model, "meta")
+    volatile = set(dict(plain.named_buffers())) - set(plain.state_dict())
+    buffers = {
+        clean_name(n): b.detach().to("cpu", copy=True)
+        for n, b in t.model.named_buffers()
+        if clean_name(n) in volatile
     }
     shared = []
     if scenario.model.tied:
@@ -322,7 +327,7 @@ def _init_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
         for name, param in t.model.named_parameters(remove_duplicate=False):
             ids.setdefault(id(param), []).append(clean_name(name))
         shared = sorted(sorted(v) for v in ids.values() if len(v) > 1)
-    out = {"state": gathered_state(t.model), "offsets": offsets, "shared": shared}
+    out = {"state": gathered_state(t.model), "non_persistent": buffers, "shared": shared}
     end(t.strategy)
     return out
 
@@ -341,18 +346,20 @@ def _init_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
 )
 @example(INIT_NESTED)
 @example(INIT_FSDP2)
+@example(INIT_ZOO)
 def test_meta_device_init_equals_eager_init(scenario: Scenario) -> None:
     eager = build_model(scenario.model)
     expected = eager.state_dict()
     for rank, out in enumerate(run(_init_rank, scenario, world_size=scenario.world_size)):
         assert_close_state(out["state"], expected, EXACT, what=f"rank {rank}: parameter/buffer")
-        if scenario.model.scale:
-            assert_close(
-                out["offsets"].get("scale", torch.empty(0)),
-                eager.scale.offset,
-                EXACT,
-                name=f"rank {rank}: non-persistent buffer 'scale.offset'",
-            )
+        for name, value in eager.named_buffers():  # Scale.offset, the rotary tables
+            if name not in expected:
+                assert_close(
+                    out["non_persistent"].get(name, torch.empty(0)),
+                    value,
+                    EXACT,
+                    name=f"rank {rank}: non-persistent buffer {name!r}",
+                )
         if scenario.model.tied:
             assert ["embed.weight", "head.weight"] in out["shared"], (
                 f"rank {rank}: after meta init, embed.weight and head.weight are not one tensor"

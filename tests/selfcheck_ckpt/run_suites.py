@@ -15,7 +15,11 @@ SUITES = sorted(str(p.relative_to(REPO)) for p in (REPO / "suites").glob("test_c
 
 
 def run_suites(
-    args: Sequence[str], *, timeout: float, env: dict[str, str] | None = None
+    args: Sequence[str],
+    *,
+    timeout: float,
+    env: dict[str, str] | None = None,
+    suites: Sequence[str] = SUITES,
 ) -> subprocess.CompletedProcess[str]:
     """``python -m pytest SUITES ARGS`` in the repository, with this package importable.
 
@@ -23,6 +27,7 @@ def run_suites(
         args: pytest arguments after the suite files.
         timeout: seconds before the run is killed (``subprocess.TimeoutExpired``).
         env: extra environment variables.
+        suites: the suite files to run (default: the checkpoint suites).
     """
     paths = [str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]
     environ = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
@@ -30,7 +35,7 @@ def run_suites(
         sys.executable,
         "-m",
         "pytest",
-        *SUITES,
+        *suites,
         "-p",
         "tests.selfcheck.profile",
         "-p",

@@ -1,17 +1,22 @@
-"""A zoo of real checkpoint bugs: the reference strategies with one reported bug each.
+"""A zoo of real bugs: the reference strategies with one reported bug each.
 
-Each bug was reported against FSDP, ``torch.distributed.checkpoint`` (DCP) or Lightning; the
-class docstring cites the upstream issue. As in ``tests/selfcheck_ckpt/broken.py``, each
-factory builds the reference strategy with ``reference_impl.make_strategy`` and gives it a
-subclass whose one overridden method carries the bug (the bug itself is a patch of one
-reference helper, active only inside that method). ``test_zoo_caught.py`` runs the
-checkpoint suites against each factory (``--strategy selfcheck_zoo.broken:<factory>``) on
-the clause it breaks, and the reference on the same selection.
+Each bug was reported against FSDP, ``torch.distributed.checkpoint`` (DCP), Lightning or a
+training framework built on them; the class docstring cites the upstream issue. The first
+ones are checkpoint bugs; the last ones need the transformer-shaped zoo (a parameter on the
+root module, a module called twice, rotary tables held as non-persistent buffers).
+
+As in ``tests/selfcheck_ckpt/broken.py``, each factory builds the reference strategy with
+``reference_impl.make_strategy`` and gives it a subclass whose one overridden method carries
+the bug (the bug itself is a patch of one reference helper, active only inside that method).
+``test_zoo_caught.py`` runs the suites against each factory (``--strategy
+selfcheck_zoo.broken:<factory>``) on the clause it breaks, and the reference on the same
+selection.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -21,10 +26,14 @@ import torch
 from selfcheck_ckpt.broken import _clean, _with_bug
 from torch import Tensor, nn
 
+import reference_impl
 from harness.contract import StrategySpec
 
 __all__ = [
     "chunks_optimizer_state_to_empty_shards",
+    "leaves_root_parameters_out_of_units",
+    "loses_repeated_call_gradients",
+    "no_reset_for_buffer_only_modules",
     "rekeys_without_frozen_parameters",
     "saves_non_persistent_buffers",
     "saves_tied_weight_once",
@@ -264,7 +273,142 @@ class SavesTiedWeightOnce:
             super().save_checkpoint(path, state, storage_options, filter)  # type: ignore[misc]
 
 
+# --- a parameter on the root module -------------------------------------------------------
+
+
+class LeavesRootParametersOutOfUnits:
+    """The auto-wrap policy decides the units and only the modules it picks are sharded:
+    parameters registered directly on the root module belong to no unit, so they are never
+    all-reduced and each rank trains them on its own batch alone (FSDP1's
+    ``ignored_states``, which keeps them out of every flat parameter, plays that part).
+
+    Upstream: facebookresearch/fairscale#791, "Allreduce modules that are ignored by
+    auto_wrap" (``auto_wrap`` applied the policy to children only; what it left out of every
+    FSDP instance was not all-reduced unless the user wrapped the root too; fixed by
+    facebookresearch/fairscale#930, "[fix] Add option to wrap root module in auto_wrap").
+    """
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        own = list(module.parameters(recurse=False))
+        if own:
+            self._fsdp_kwargs = {**self._fsdp_kwargs, "ignored_states": own}  # type: ignore[has-type]
+        return super().setup_module(module)  # type: ignore[misc]
+
+
+# --- a module called twice in one forward -------------------------------------------------
+
+
+def _in_backward() -> bool:
+    return bool(torch._C._current_graph_task_id() != -1)
+
+
+class LosesRepeatedCallGradients:
+    """A module called twice in one forward gets the gradient of one call only: the
+    parameter gradient of every later call is dropped (here: a hook zeroes the gradient of
+    the parameter views that call used), as if each call's gradient reduction overwrote,
+    instead of accumulating into, the previous one.
+
+    Upstream: facebookresearch/fairscale#780 (an FSDP module called several times within a
+    forward: "Ensure gradient reduction accumulates into the unsharded gradient tensor
+    within a backwards pass", fixed by facebookresearch/fairscale#784, "[fix] FSDP
+    intra-backwards gradient accumulation"). FSDP1 with ``use_orig_params=True`` hands each
+    call fresh views of the flat parameter, which is what the hook attaches to.
+    """
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        names = {id(m): [n for n, _ in m.named_parameters(recurse=False)] for m in module.modules()}
+        wrapped = super().setup_module(module)  # type: ignore[misc]
+        calls: dict[int, int] = {}
+        wrapped.register_forward_pre_hook(lambda *_: None if _in_backward() else calls.clear())
+        for sub in module.modules():
+            if names.get(id(sub)):
+                hook = functools.partial(_drop_repeated, names=names[id(sub)], calls=calls)
+                sub.register_forward_pre_hook(hook)
+        return wrapped
+
+
+def _drop_repeated(
+    module: nn.Module, _args: Any, *, names: list[str], calls: dict[int, int]
+) -> None:
+    if _in_backward() or not torch.is_grad_enabled():  # recomputation under checkpointing
+        return
+    calls[id(module)] = calls.get(id(module), 0) + 1
+    if calls[id(module)] < 2:
+        return
+    for name in names:
+        view = getattr(module, name, None)
+        if isinstance(view, Tensor) and view.requires_grad and view.grad_fn is not None:
+            view.register_hook(torch.zeros_like)  # the bug: this call's gradient is lost
+
+
+# --- non-persistent buffers after meta-device init ----------------------------------------
+
+
+def _owns_parameters(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters(recurse=False))
+
+
+def _as_uninitialized(module: nn.Module) -> None:
+    """What ``to_empty`` left in ``module``'s own buffers: NaN, as torch writes into new
+    memory under ``torch.utils.deterministic.fill_uninitialized_memory`` (real leftover
+    memory could happen to hold the right values from an earlier job of the rank)."""
+    with torch.no_grad():
+        for buffer in module.buffers(recurse=False):
+            if buffer.is_floating_point():
+                buffer.fill_(float("nan"))
+
+
+@contextlib.contextmanager
+def _buffer_only_modules_not_reset() -> Iterator[None]:
+    """Materialize meta modules, but call ``reset_parameters()`` only on modules that own
+    parameters: a module that owns only buffers is allocated and left uninitialized."""
+    from reference_impl import meta_init, model_parallel_ops
+
+    call, materialize = meta_init.MetaMaterializer.__call__, model_parallel_ops.materialize
+
+    def fsdp1_call(self: Any, module: nn.Module) -> None:
+        if _owns_parameters(module) or not meta_init.owns_state(module) or id(module) in self._done:
+            return call(self, module)
+        self._done.add(id(module))
+        module.to_empty(device=self.device, recurse=False)
+        _as_uninitialized(module)
+
+    def fsdp2_materialize(module: nn.Module, device: torch.device) -> None:
+        with mock.patch.object(meta_init, "owns_state", _owns_parameters):
+            materialize(module, device)
+        for sub in module.modules():
+            if not _owns_parameters(sub):
+                _as_uninitialized(sub)
+
+    with mock.patch.object(meta_init.MetaMaterializer, "__call__", fsdp1_call):
+        with mock.patch.object(model_parallel_ops, "materialize", fsdp2_materialize):
+            yield
+
+
+class NoResetForBufferOnlyModules:
+    """Meta-device init allocates every module with ``to_empty`` but calls
+    ``reset_parameters()`` only where a module owns parameters, so a module that owns only
+    buffers (the rotary tables: non-persistent, never in a checkpoint to restore them from)
+    keeps uninitialized memory, silently.
+
+    Upstream: pytorch/torchtitan#4783, "rotary inv_freq is left uninitialized after
+    `to_empty()`" (loss starting near random, nothing raises); the same in
+    huggingface/transformers#34234, "`LlamaRotaryEmbedding` `inv_freq` buffer is left
+    uninitialized by `init_empty_weights` + `load_checkpoint_and_dispatch`", and in FSDP1 meta
+    init, NovaSky-AI/SkyRL#1709.
+    """
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        with _buffer_only_modules_not_reset():
+            return super().setup_module(module)  # type: ignore[misc]
+
+
 # --- factories ----------------------------------------------------------------------------
+
+
+def _fsdp_only(spec: StrategySpec, bug: type) -> Any:
+    """The bug on the fsdp family (its hooks are FSDP1's); the model_parallel family as is."""
+    return _with_bug(spec, bug) if spec.family == "fsdp" else reference_impl.make_strategy(spec)
 
 
 def saves_non_persistent_buffers(spec: StrategySpec) -> Any:
@@ -290,3 +434,18 @@ def saves_wrapper_prefixed_keys(spec: StrategySpec) -> Any:
 def saves_tied_weight_once(spec: StrategySpec) -> Any:
     """Factory: :class:`SavesTiedWeightOnce` (breaks CKPT-RT-2)."""
     return _with_bug(spec, SavesTiedWeightOnce)
+
+
+def leaves_root_parameters_out_of_units(spec: StrategySpec) -> Any:
+    """Factory: :class:`LeavesRootParametersOutOfUnits` for the fsdp family (breaks TRAIN-1)."""
+    return _fsdp_only(spec, LeavesRootParametersOutOfUnits)
+
+
+def loses_repeated_call_gradients(spec: StrategySpec) -> Any:
+    """Factory: :class:`LosesRepeatedCallGradients` for the fsdp family (breaks TRAIN-1)."""
+    return _fsdp_only(spec, LosesRepeatedCallGradients)
+
+
+def no_reset_for_buffer_only_modules(spec: StrategySpec) -> Any:
+    """Factory: :class:`NoResetForBufferOnlyModules` (breaks INIT-1)."""
+    return _with_bug(spec, NoResetForBufferOnlyModules)

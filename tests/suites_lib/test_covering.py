@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from harness.conformance.coverage import pairs_of
 from suites.lib.controller.covering import COVER_MODELS, candidates, cover_rows, universe
-from suites.lib.controller.scenarios import splits_tied
+from suites.lib.controller.scenarios import valid_wrap
 from suites.lib.shared.axes import scenario_axes
 from suites.lib.shared.specs import FSDPConfig, MPConfig
 
@@ -29,9 +29,17 @@ def test_the_space_holds_every_value_the_suites_draw_on_the_main_axes() -> None:
     assert values["precision"] == {"32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true"}
     assert {"FULL_SHARD", "NO_SHARD", "HYBRID_SHARD", "dp+tp", "tp", "dp"} <= values["sharding"]
     assert {"none", "size", "callable", "fully_shard root only"} <= values["wrap"]
-    assert {"Block", "NestedBlock", "tied embedding", "frozen parameters", "buffers"} <= (
-        values["model"]
-    )
+    assert values["model"] == {
+        "Block",
+        "NestedBlock",
+        "attention(hand)",
+        "attention(mha)",
+        "tied embedding",
+        "frozen parameters",
+        "buffers",
+        "root parameter",
+        "shared module",
+    }
 
 
 def test_rows_are_valid_configurations_with_stable_distinct_ids() -> None:
@@ -42,14 +50,14 @@ def test_rows_are_valid_configurations_with_stable_distinct_ids() -> None:
         s = row.scenario
         assert s.model in COVER_MODELS
         if isinstance(s.strategy, FSDPConfig):
-            assert not splits_tied(s.model, s.strategy.wrap), row.id
+            assert valid_wrap(s.model, s.strategy.wrap), row.id
             mesh = s.strategy.device_mesh
             assert mesh is None or mesh[0] * mesh[1] == s.world_size, row.id
         else:
             assert isinstance(s.strategy, MPConfig)
             tp = s.strategy.tensor_parallel_size
             assert s.strategy.data_parallel_size * tp == s.world_size, row.id
-            assert all(b.ffn % tp == 0 for b in s.model.blocks), row.id
+            assert all(b.ffn % tp == 0 and b.heads % tp == 0 for b in s.model.blocks), row.id
         if s.precision == "16-true":
             assert s.optim.kind == "sgd", row.id
         assert scenario_axes(s, row.fmt) == row.axes()

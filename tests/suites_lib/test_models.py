@@ -100,3 +100,97 @@ def test_init_does_not_depend_on_the_default_dtype() -> None:
     for key, value in low.items():
         assert value.dtype == torch.bfloat16
         assert torch.equal(value, expected[key].to(torch.bfloat16)), key
+
+
+# --- the transformer-shaped zoo: attention, rotary buffers, root parameter, shared module --
+
+ZOO = ModelSpec(
+    hidden=6,
+    blocks=(
+        BlockSpec("AttentionBlock", ffn=4, heads=2, tokens=3),
+        BlockSpec("AttentionBlock", ffn=2, attention="mha", heads=2, tokens=2, norm=False),
+    ),
+    vocab=5,
+    out=5,
+    tied=True,
+    root_param=True,
+    shared=True,
+    seed=4,
+)
+
+
+def _materialized(spec: ModelSpec) -> torch.nn.Module:
+    model = build_model(spec, "meta")
+    model.to_empty(device="cpu")
+    for _, module in reversed(list(iter_param_owners(model))):  # bottom-up, as FSDP1 does
+        module.reset_parameters()
+    model.tie_weights()
+    return model
+
+
+def test_attention_zoo_meta_init_equals_eager_buffers_included() -> None:
+    eager, meta = build_model(ZOO), _materialized(ZOO)
+    assert set(meta.state_dict()) == set(eager.state_dict())
+    for key, value in meta.state_dict().items():
+        assert torch.equal(value, eager.state_dict()[key]), key
+    buffers = dict(eager.named_buffers())
+    for key, value in meta.named_buffers():
+        assert torch.equal(value, buffers[key]), key
+    x, _ = make_batch(ZOO, 0, 0, 0, 0, 3)
+    assert torch.equal(meta(x), eager(x))
+
+
+def test_rotary_tables_are_non_persistent_and_recomputed() -> None:
+    model = _materialized(ZOO)
+    names = [n for n, _ in model.named_buffers() if ".rotary." in n]
+    assert names == [
+        "blocks.0.attn.rotary.cos",
+        "blocks.0.attn.rotary.sin",
+        "blocks.1.attn.rotary.cos",
+        "blocks.1.attn.rotary.sin",
+    ]
+    assert not set(names) & set(model.state_dict())
+    rotary = model.blocks[0].attn.rotary
+    positions = torch.arange(1, 4, dtype=torch.float32)[:, None]
+    assert torch.allclose(rotary.cos, positions.cos()) and torch.allclose(
+        rotary.sin, positions.sin()
+    )
+    with torch.no_grad():
+        rotary.cos.fill_(7.0)
+    rotary.reset_parameters()
+    assert torch.allclose(rotary.cos, positions.cos())
+
+
+def test_root_parameter_and_shared_module_appear_once() -> None:
+    model = build_model(ZOO)
+    keys = list(model.state_dict())
+    assert keys.count("gain") == 1 and "gain" in dict(model.named_parameters(recurse=False))
+    assert sum(k.startswith("shared.") for k in keys) == 6  # norm, fc1, fc2: weight + bias
+    calls = []
+    model.shared.register_forward_hook(lambda *_: calls.append(1))
+    x, y = make_batch(ZOO, 0, 0, 0, 0, 2)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    assert len(calls) == 2  # one module, called twice per forward
+    assert model.gain.grad is not None and model.shared.fc1.weight.grad is not None
+
+
+@pytest.mark.parametrize("attention", ["hand", "mha"])
+def test_attention_keeps_samples_independent(attention: str) -> None:
+    spec = ModelSpec(
+        hidden=8, blocks=(BlockSpec("AttentionBlock", attention=attention, heads=2, tokens=4),)
+    )
+    model = build_model(spec)
+    x, _ = make_batch(spec, 1, 0, 0, 0, 5)
+    whole = model(x)
+    for i in range(5):
+        assert torch.allclose(model(x[i : i + 1]), whole[i : i + 1], atol=1e-6)
+    swapped = x.clone()
+    swapped[0] = x[1]
+    assert torch.allclose(model(swapped)[1:], whole[1:], atol=1e-6)
+
+
+def test_attention_spec_validation() -> None:
+    with pytest.raises(ValueError, match=r"tokens=4.*divisors of hidden"):
+        ModelSpec(hidden=6, blocks=(BlockSpec("AttentionBlock", tokens=4),))
+    with pytest.raises(ValueError, match="attention='flash' is unknown"):
+        ModelSpec(blocks=(BlockSpec("AttentionBlock", attention="flash"),))

@@ -21,6 +21,7 @@ import pytest
 from hypothesis import strategies as st
 
 from suites.lib.controller.scenarios import (
+    MP_UNIT_CLASSES,
     available_world_sizes,
     fsdp_configs,
     scenarios,
@@ -28,7 +29,7 @@ from suites.lib.controller.scenarios import (
     world_sizes,
 )
 from suites.lib.shared.checkpoint_specs import FORMATS, META_KEYS, META_KINDS, CkptPlan
-from suites.lib.shared.models import ModelSpec
+from suites.lib.shared.models import ModelSpec, tp_widths
 from suites.lib.shared.specs import MPConfig, Scenario
 
 __all__ = ["FAMILIES", "PRECISIONS", "ckpt_plans", "load_scenarios", "world_pairs"]
@@ -75,16 +76,14 @@ def load_scenarios(
     if family == "fsdp":
         config: Any = draw(fsdp_configs(world, spec, precisions=(save.precision,)))
     else:
-        ffn = [b.ffn for b in spec.blocks]
-        shapes = [m for m in _shapes(world) if all(f % m[1] == 0 for f in ffn)]
+        ffn = [b.ffn for b in spec.blocks] + ([spec.shared_ffn] if spec.shared else [])
+        shapes = [m for m in _shapes(world) if all(w % m[1] == 0 for w in tp_widths(spec))]
         dp, tp = draw(st.sampled_from(shapes))
         config = MPConfig(
             data_parallel_size=dp,
             tensor_parallel_size=tp,
             tp_plan="mlp" if tp > 1 else draw(st.sampled_from(_plans_on_one_wide_tp(ffn))),
-            fsdp_classes=tuple(
-                draw(st.lists(st.sampled_from(("Block", "NestedBlock")), unique=True))
-            ),
+            fsdp_classes=tuple(draw(st.lists(st.sampled_from(MP_UNIT_CLASSES), unique=True))),
             precision=save.precision,
         )
     optim = dataclasses.replace(save.optim, lr=save.optim.lr * 2)

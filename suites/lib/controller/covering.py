@@ -28,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from harness.conformance.coverage import pairs_of
-from suites.lib.controller.scenarios import MP_PRECISIONS, SHARDING_STRATEGIES, splits_tied
+from suites.lib.controller.scenarios import MP_PRECISIONS, SHARDING_STRATEGIES, valid_wrap
 from suites.lib.shared.axes import scenario_axes
 from suites.lib.shared.checkpoint_specs import FORMATS
 from suites.lib.shared.models import BlockSpec, ModelSpec, build_model
@@ -47,8 +47,9 @@ __all__ = ["COVER_MODELS", "CoverRow", "candidates", "cover_rows", "universe"]
 FSDP_COVER_PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
 
 #: the model variants the cover draws from: together they take every model kind of the zoo
-#: (plain and nested blocks, tied embeddings, frozen parameters, buffers); the widths are
-#: multiples of 2 so that a tensor-parallel size of 2 divides them (4 as well for the MLPs).
+#: (plain and nested blocks, both attentions, tied embeddings, frozen parameters, buffers, a
+#: parameter on the root module, a module used twice); MLP widths and head counts are
+#: multiples of 2 so that a tensor-parallel size of 2 divides them (4 as well for some MLPs).
 COVER_MODELS: tuple[ModelSpec, ...] = (
     ModelSpec(hidden=6, blocks=(BlockSpec(ffn=4),), seed=11),
     ModelSpec(
@@ -64,10 +65,24 @@ COVER_MODELS: tuple[ModelSpec, ...] = (
         frozen=("blocks.0.proj.bias", "inp.weight"),
         seed=14,
     ),
+    ModelSpec(
+        hidden=6,
+        blocks=(BlockSpec("AttentionBlock", ffn=4, attention="hand", heads=2, tokens=3),),
+        root_param=True,
+        seed=15,
+    ),
+    ModelSpec(
+        hidden=6,
+        blocks=(BlockSpec("AttentionBlock", ffn=4, attention="mha", heads=2, tokens=2),),
+        vocab=5,
+        shared=True,
+        scale=False,
+        seed=16,
+    ),
 )
 
 FSDP_WRAPS = ("none", "classes", "module_wrap_policy", "custom_policy", "size", "callable")
-MP_CLASS_SETS: tuple[tuple[str, ...], ...] = ((), ("Block",), ("NestedBlock",))
+MP_CLASS_SETS: tuple[tuple[str, ...], ...] = ((), ("Block",), ("NestedBlock",), ("AttentionBlock",))
 
 Pair = tuple[str, str, str, str]
 
@@ -124,16 +139,19 @@ def _plan(precision: str, index: int) -> TrainPlan:
 
 
 def _classes(model: ModelSpec) -> tuple[str, ...]:
-    return ("NestedBlock",) if any(b.kind == "NestedBlock" for b in model.blocks) else ("Block",)
+    """The wrap unit class: the model's richest block kind."""
+    kinds = {b.kind for b in model.blocks}
+    return next((k,) for k in ("AttentionBlock", "NestedBlock", "Block") if k in kinds)
 
 
 @functools.cache
 def _size_threshold(model: ModelSpec) -> int:
-    """The smallest ``size`` threshold that never splits tied weights (as
-    :func:`~suites.lib.controller.scenarios.wrap_specs` draws them): it wraps the most units."""
+    """The smallest ``size`` threshold the suites draw for ``model`` (tied weights in one
+    unit, no unit inside a MultiheadAttention: :func:`~suites.lib.controller.scenarios.
+    valid_wrap`): it wraps the most units."""
     plain = build_model(model, "meta")
     numels = sorted({sum(p.numel() for p in m.parameters()) for m in plain.modules()})
-    return min(n for n in numels if n > 0 and not splits_tied(model, WrapSpec("size", (), n)))
+    return min(n for n in numels if n > 0 and valid_wrap(model, WrapSpec("size", (), n)))
 
 
 def _fsdp_wrap(kind: str, model: ModelSpec) -> WrapSpec:
@@ -142,6 +160,11 @@ def _fsdp_wrap(kind: str, model: ModelSpec) -> WrapSpec:
     if kind == "size":
         return WrapSpec("size", min_num_params=_size_threshold(model))
     return WrapSpec(kind, classes=_classes(model))
+
+
+def _present(model: ModelSpec) -> set[str]:
+    """The block classes ``model`` holds (a shared module is a Block)."""
+    return {b.kind for b in model.blocks} | ({"Block"} if model.shared else set())
 
 
 def _mesh(strategy: str, world: int) -> tuple[int, int] | None:
@@ -186,9 +209,9 @@ def _mp_candidates(worlds: Sequence[int]) -> Iterator[Scenario]:
             for precision in MP_PRECISIONS:
                 for classes in MP_CLASS_SETS:
                     for model in COVER_MODELS:
-                        if any(b.ffn % tp for b in model.blocks):
-                            continue  # a tensor-parallel MLP needs ffn divisible by tp
-                        if set(classes) - {b.kind for b in model.blocks}:
+                        if any(b.ffn % tp or b.heads % tp for b in model.blocks):
+                            continue  # the plan gives each rank whole MLP columns and heads
+                        if set(classes) - _present(model):
                             continue
                         index += 1
                         yield Scenario(

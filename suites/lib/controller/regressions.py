@@ -29,9 +29,12 @@ __all__ = [
     "FULL_1X2_TO_2X2",
     "INIT_FSDP2",
     "INIT_NESTED",
+    "INIT_ZOO",
     "SHARDED_1X2_TO_2X2",
     "SYNC_NESTED",
     "SYNC_TIED_MIXED",
+    "TRAIN_ZOO",
+    "WRAP_MHA_MIXED",
 ]
 
 _MODEL = ModelSpec(
@@ -83,6 +86,49 @@ AC_BLOCKS = Scenario(
     FSDPConfig("FULL_SHARD", _NESTED, ACSpec("classes", ("Block",))),
     OptimSpec("sgd"),
     TrainPlan(1),
+)
+#: the transformer-shaped zoo under FSDP1 with the blocks as units: a parameter on the root
+#: module (no wrap policy selects it: FairScale's auto_wrap left such parameters out of every
+#: unit, never all-reduced, facebookresearch/fairscale#791), a Block called twice in forward
+#: as its own unit (FairScale lost one use's gradient, facebookresearch/fairscale#780) and
+#: rotary tables that meta-device init must recompute (pytorch/torchtitan#4783)
+_ZOO = ModelSpec(
+    hidden=6,
+    blocks=(
+        BlockSpec("AttentionBlock", ffn=4, heads=2, tokens=3),
+        BlockSpec("AttentionBlock", ffn=2, attention="mha", heads=1, tokens=2),
+    ),
+    vocab=5,
+    out=5,
+    tied=True,
+    root_param=True,
+    shared=True,
+    seed=21,
+)
+_ZOO_UNITS = WrapSpec("classes", ("AttentionBlock", "Block"))
+#: (SGD: Adam's first step moves each element by lr * sign(gradient), which a rank's own
+#: gradient often shares with the averaged one)
+TRAIN_ZOO = Scenario(2, _ZOO, FSDPConfig("FULL_SHARD", _ZOO_UNITS), OptimSpec("sgd"), TrainPlan(1))
+INIT_ZOO = Scenario(2, _ZOO, FSDPConfig("FULL_SHARD", _ZOO_UNITS), empty_init=True)
+
+#: a size-based policy under bf16-mixed on a model with nn.MultiheadAttention: torch's FSDP1
+#: recursed into the attention (a forced leaf of the size policy) and wrapped its out_proj,
+#: which the attention never calls, so under NO_SHARD its gradient was never all-reduced and
+#: the ranks diverged (see the reference's [Note: callable policies under mixed precision])
+WRAP_MHA_MIXED = Scenario(
+    2,
+    ModelSpec(
+        hidden=6,
+        blocks=(
+            BlockSpec("AttentionBlock", ffn=1, norm=False, attention="mha", heads=2, tokens=3),
+        ),
+        in_features=4,
+        out=1,
+        seed=13293,
+    ),
+    FSDPConfig("NO_SHARD", WrapSpec("size", min_num_params=7), precision="bf16-mixed"),
+    OptimSpec("adam", lr=0.003),
+    TrainPlan(1, data_seed=231),
 )
 
 #: a checkpoint saved at data-parallel 1 x tensor-parallel 2 and loaded at 2 x 2, with sizes

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from suites.lib.shared.models import BlockSpec, ModelSpec, build_model
+from suites.lib.shared.models import BLOCK_KINDS, BlockSpec, ModelSpec, build_model
 from suites.lib.shared.specs import (
     ACSpec,
     FSDPConfig,
@@ -44,6 +44,7 @@ __all__ = [
     "scenarios",
     "splits_tied",
     "train_plans",
+    "valid_wrap",
     "world_sizes",
     "wrap_specs",
 ]
@@ -58,7 +59,9 @@ SHARDING_STRATEGIES = (
 ALL_PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
 FSDP_PRECISIONS = ALL_PRECISIONS
 MP_PRECISIONS = ("32-true", "bf16-mixed")
-WRAP_CLASSES = ("Block", "NestedBlock", "Scale")
+WRAP_CLASSES = ("Block", "NestedBlock", "AttentionBlock", "Scale")
+#: zoo classes the model_parallel family may give their own ``fully_shard``
+MP_UNIT_CLASSES = ("Block", "NestedBlock", "AttentionBlock")
 
 
 def examples(n: int) -> settings:
@@ -138,6 +141,44 @@ def meshes(world_size: int) -> st.SearchStrategy[tuple[int, int]]:
     return st.sampled_from(shapes)
 
 
+def _token_counts(hidden: int) -> tuple[int, ...]:
+    """Divisors of ``hidden`` as token counts, several tokens of width > 1 first (the
+    first is Hypothesis' simplest draw), then one-wide tokens, then a single token."""
+    middle = [t for t in range(2, hidden) if hidden % t == 0]
+    return (*middle, hidden, 1) if hidden > 1 else (1,)
+
+
+@st.composite
+def _block_specs(
+    draw: st.DrawFn, kind: str, hidden: int, ffn_multiple: int, heads_multiple: int
+) -> BlockSpec:
+    attention = kind == "AttentionBlock"
+    return BlockSpec(
+        kind=kind,
+        ffn=ffn_multiple * draw(st.integers(1, max(1, 8 // ffn_multiple))),
+        norm=draw(st.booleans()),
+        inner=draw(st.integers(1, 2)) if kind == "NestedBlock" else 0,
+        attention=draw(st.sampled_from(("hand", "mha"))) if attention else "hand",
+        heads=heads_multiple * draw(st.integers(1, 2)) if attention else 1,
+        tokens=draw(st.sampled_from(_token_counts(hidden))) if attention else 1,
+    )
+
+
+def _kinds(
+    draw: st.DrawFn, n_blocks: int, nested: bool | None, attention: bool | None
+) -> list[str]:
+    kinds = [draw(st.sampled_from(BLOCK_KINDS)) for _ in range(n_blocks)]
+    if nested is False:
+        kinds = ["Block" if k == "NestedBlock" else k for k in kinds]
+    if attention is False:
+        kinds = ["Block" if k == "AttentionBlock" else k for k in kinds]
+    if nested is True and "NestedBlock" not in kinds:
+        kinds[-1] = "NestedBlock"
+    if attention is True and "AttentionBlock" not in kinds:
+        kinds[0] = "AttentionBlock"
+    return kinds
+
+
 @st.composite
 def model_specs(
     draw: st.DrawFn,
@@ -147,7 +188,11 @@ def model_specs(
     tied: bool | None = None,
     frozen: bool | None = None,
     ffn_multiple: int = 1,
+    heads_multiple: int = 1,
     scale: bool | None = None,
+    attention: bool | None = None,
+    root_param: bool | None = None,
+    shared: bool | None = None,
 ) -> ModelSpec:
     """A small model tree.
 
@@ -157,33 +202,30 @@ def model_specs(
         tied: force or forbid tied embedding/head weights; None: either.
         frozen: force or forbid frozen parameters; None: either.
         ffn_multiple: every MLP width is a multiple of this (the tensor-parallel size).
+        heads_multiple: every attention head count is a multiple of this (the
+            tensor-parallel size: the plan gives each rank whole heads).
         scale: force or forbid the ``Scale`` module (buffers, a one-element parameter).
+        attention: force or forbid an AttentionBlock; None: either.
+        root_param: force or forbid a parameter on the root module; None: either.
+        shared: force or forbid a Block called twice in forward; None: either.
     """
     n_blocks = draw(st.integers(1, max_blocks))
-    kinds = [draw(st.sampled_from(("Block", "NestedBlock"))) for _ in range(n_blocks)]
-    if nested is True and "NestedBlock" not in kinds:
-        kinds[-1] = "NestedBlock"
-    if nested is False:
-        kinds = ["Block"] * n_blocks
-    blocks = tuple(
-        BlockSpec(
-            kind=kind,
-            ffn=ffn_multiple * draw(st.integers(1, max(1, 8 // ffn_multiple))),
-            norm=draw(st.booleans()),
-            inner=draw(st.integers(1, 2)) if kind == "NestedBlock" else 0,
-        )
-        for kind in kinds
-    )
+    hidden = draw(st.integers(3, 8))
+    kinds = _kinds(draw, n_blocks, nested, attention)
+    blocks = tuple(draw(_block_specs(k, hidden, ffn_multiple, heads_multiple)) for k in kinds)
     is_tied = draw(st.booleans()) if tied is None else tied
     vocab = draw(st.integers(3, 9)) if is_tied or draw(st.booleans()) else 0
     spec = ModelSpec(
-        hidden=draw(st.integers(3, 8)),
+        hidden=hidden,
         blocks=blocks,
         vocab=vocab,
         in_features=draw(st.integers(2, 6)),
         out=vocab if is_tied else draw(st.integers(1, 5)),
         tied=is_tied,
         scale=draw(st.booleans()) if scale is None else scale,
+        root_param=draw(st.booleans()) if root_param is None else root_param,
+        shared=draw(st.booleans()) if shared is None else shared,
+        shared_ffn=ffn_multiple * draw(st.integers(1, max(1, 8 // ffn_multiple))),
         seed=draw(st.integers(0, 2**16)),
     )
     if frozen is False or (frozen is None and not draw(st.booleans())):
@@ -197,7 +239,7 @@ def model_specs(
 
 def _present_classes(spec: ModelSpec) -> list[str]:
     kinds = {b.kind for b in spec.blocks}
-    if "NestedBlock" in kinds:
+    if "NestedBlock" in kinds or spec.shared:
         kinds.add("Block")
     if spec.scale:
         kinds.add("Scale")
@@ -209,6 +251,25 @@ def splits_tied(spec: ModelSpec, wrap: WrapSpec) -> bool:
     suites never draw such a policy: tied weights stay in one unit)."""
     units = wrap.expected_units(build_model(spec, "meta"))
     return spec.tied and bool(units & {"embed", "head"})
+
+
+def _splits_mha(spec: ModelSpec, wrap: WrapSpec) -> bool:
+    """Whether ``wrap`` makes a unit of a module inside an ``nn.MultiheadAttention``.
+
+    [Note: MultiheadAttention's out_proj is never called] ``nn.MultiheadAttention.forward``
+    passes ``out_proj.weight`` to ``F.multi_head_attention_forward`` and never calls
+    ``out_proj`` (pytorch/pytorch#78109: hooks on ``out_proj`` never run), so an FSDP1
+    unit of ``out_proj`` alone is never unsharded before use. No strategy can shard that
+    layout; a size-based policy would pick it, so those thresholds are not drawn.
+    """
+    units = wrap.expected_units(build_model(spec, "meta"))
+    return any(".mha." in f"{unit}." and not unit.endswith(".mha") for unit in units)
+
+
+def valid_wrap(spec: ModelSpec, wrap: WrapSpec) -> bool:
+    """Whether the suites draw ``wrap`` for ``spec``: it keeps tied weights in one unit and
+    makes no unit inside an ``nn.MultiheadAttention``."""
+    return not splits_tied(spec, wrap) and not _splits_mha(spec, wrap)
 
 
 @st.composite
@@ -232,7 +293,7 @@ def wrap_specs(draw: st.DrawFn, spec: ModelSpec, kinds: Sequence[str] | None = N
     if kind == "size":
         model = build_model(spec, "meta")
         numels = sorted({sum(p.numel() for p in m.parameters()) for m in model.modules()})
-        valid = [n for n in numels if n > 0 and not splits_tied(spec, WrapSpec("size", (), n))]
+        valid = [n for n in numels if n > 0 and valid_wrap(spec, WrapSpec("size", (), n))]
         return WrapSpec("size", min_num_params=draw(st.sampled_from(valid)))
     present = _present_classes(spec)
     classes = draw(st.lists(st.sampled_from(present), min_size=1, unique=True))
@@ -333,7 +394,7 @@ def mp_configs(
         # no plan on a 1-wide tensor-parallel dim: torch's DTensor cannot propagate a view
         # of a [1, k] Shard(1) tensor there (a batch of one row fails in backward)
         tp_plan="mlp" if tp > 1 else "none",
-        fsdp_classes=tuple(draw(st.lists(st.sampled_from(("Block", "NestedBlock")), unique=True))),
+        fsdp_classes=tuple(draw(st.lists(st.sampled_from(MP_UNIT_CLASSES), unique=True))),
         reshard_after_forward=draw(st.booleans()),
         precision=draw(st.sampled_from(tuple(precisions))),
     )
@@ -375,6 +436,7 @@ def scenarios(
                 nested=nested,
                 scale=scale,
                 ffn_multiple=mp.tensor_parallel_size,
+                heads_multiple=mp.tensor_parallel_size,
             )
         )
         config = mp

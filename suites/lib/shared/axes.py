@@ -37,7 +37,14 @@ def _wrap(scenario: Scenario) -> str:
 
 def _model_kinds(scenario: Scenario) -> tuple[str, ...]:
     model = scenario.model
-    kinds = [block.kind for block in model.blocks]
+    kinds = [
+        f"attention({block.attention})" if block.kind == "AttentionBlock" else block.kind
+        for block in model.blocks
+    ]
+    if model.root_param:
+        kinds.append("root parameter")
+    if model.shared:
+        kinds.append("shared module")
     if model.tied:
         kinds.append("tied embedding")
     if model.frozen:

@@ -5,6 +5,21 @@ from ``(spec.seed, qualified name)``, so a model initialized eagerly and one cre
 meta device and materialized later (by FSDP1 unit by unit, or by ``to_empty`` on DTensors)
 hold exactly the same values (see FINDINGS.md: stock ``nn.Linear`` init cannot give that).
 
+The zoo looks like the models people shard: besides MLP blocks it has a tiny pre-norm
+transformer block (:class:`AttentionBlock`: hand-written q/k/v/o attention or
+``nn.MultiheadAttention``, rotary position tables held as non-persistent buffers), a
+parameter owned by the root module itself (``ModelSpec.root_param``), a block called twice
+in one forward (``ModelSpec.shared``) and tied input/output embeddings (``ModelSpec.tied``).
+
+Inputs are ``(batch, features)``; an attention block splits each sample's hidden vector
+into ``tokens`` tokens (``(B, hidden) -> (B, tokens, hidden / tokens)``) and attends among
+the tokens of that sample only, so samples stay independent: the data-parallel ranks'
+batches compose to the plain model's result exactly as for the MLP blocks.
+
+The layers live in :mod:`suites.lib.shared.layers` (seeded ``Linear``, ``Embedding``,
+``LayerNorm``, ``Scale``) and :mod:`suites.lib.shared.attention` (attention and rotary
+tables); this module builds the blocks and the model from them and re-exports them.
+
 The module classes carry stable names (``Block``, ``NestedBlock``, ``Scale``, ...) because
 wrap and checkpointing policies select modules by class; scenarios refer to them by name
 and :func:`module_class` turns a name back into the class on the ranks.
@@ -12,7 +27,6 @@ and :func:`module_class` turns a name back into the class on the ranks.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -20,16 +34,36 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from suites.lib.shared.attention import HEAD_DIM, HandAttention, MHAAttention, Rotary, SeededMHA
+from suites.lib.shared.layers import (
+    Embedding,
+    LayerNorm,
+    Linear,
+    Scale,
+    Seeded,
+    fill,
+    normal,
+    seed_for,
+)
+
 __all__ = [
+    "ATTENTION_KINDS",
+    "BLOCK_KINDS",
+    "HEAD_DIM",
     "MODULE_CLASSES",
+    "AttentionBlock",
     "Block",
     "BlockSpec",
     "Embedding",
+    "HandAttention",
     "LayerNorm",
     "Linear",
+    "MHAAttention",
     "ModelSpec",
     "NestedBlock",
+    "Rotary",
     "Scale",
+    "SeededMHA",
     "ZooModel",
     "build_model",
     "clean_name",
@@ -37,12 +71,12 @@ __all__ = [
     "make_batch",
     "module_class",
     "seed_for",
+    "tp_widths",
 ]
 
 
-def seed_for(*parts: object) -> int:
-    """A process-independent 31-bit seed from ``parts`` (Python's ``hash`` is salted)."""
-    return zlib.crc32("/".join(str(p) for p in parts).encode()) & 0x7FFFFFFF
+BLOCK_KINDS = ("Block", "NestedBlock", "AttentionBlock")
+ATTENTION_KINDS = ("hand", "mha")
 
 
 @dataclass(frozen=True)
@@ -50,17 +84,28 @@ class BlockSpec:
     """One block of the trunk.
 
     Args:
-        kind: ``"Block"`` (norm -> fc1 -> gelu -> fc2, residual) or ``"NestedBlock"``
-            (a ``proj`` Linear followed by ``inner`` Blocks: nested wrap units).
+        kind: ``"Block"`` (norm -> fc1 -> gelu -> fc2, residual), ``"NestedBlock"`` (a
+            ``proj`` Linear followed by ``inner`` Blocks: nested wrap units) or
+            ``"AttentionBlock"`` (pre-norm attention over each sample's tokens, then a
+            pre-norm MLP, both residual).
         ffn: width of the MLP inside each Block (may be smaller than the world size).
-        norm: whether each Block has a LayerNorm.
-        inner: number of inner Blocks of a NestedBlock (ignored for a Block).
+        norm: whether each Block has a LayerNorm (an AttentionBlock: both of its norms).
+        inner: number of inner Blocks of a NestedBlock (ignored for other kinds).
+        attention: an AttentionBlock's attention: ``"hand"`` (``wq``/``wk``/``wv``/``wo``
+            Linears, the tensor-parallel kind) or ``"mha"`` (``nn.MultiheadAttention``
+            between a ``proj_in`` and a ``proj_out`` Linear).
+        heads: attention heads of an AttentionBlock (each ``HEAD_DIM`` wide).
+        tokens: tokens an AttentionBlock splits each sample's hidden vector into (must
+            divide ``ModelSpec.hidden``).
     """
 
     kind: str = "Block"
     ffn: int = 8
     norm: bool = True
     inner: int = 0
+    attention: str = "hand"
+    heads: int = 1
+    tokens: int = 1
 
 
 @dataclass(frozen=True)
@@ -77,6 +122,11 @@ class ModelSpec:
         tied: ``head.weight`` is ``embed.weight`` (one tensor).
         scale: a ``Scale`` module with a persistent buffer, a non-persistent buffer and a
             one-element parameter (smaller than any world size > 1).
+        root_param: a ``gain`` parameter owned by the root module itself, multiplying the
+            trunk's output (no wrap policy can select it: only the root unit holds it).
+        shared: a ``shared`` Block (MLP width ``shared_ffn``) called twice in forward,
+            before and after the trunk: one module, one set of parameters, two uses.
+        shared_ffn: the shared Block's MLP width.
         frozen: qualified names of parameters with ``requires_grad=False``.
         seed: seeds every module's ``reset_parameters``.
     """
@@ -88,6 +138,9 @@ class ModelSpec:
     out: int = 3
     tied: bool = False
     scale: bool = True
+    root_param: bool = False
+    shared: bool = False
+    shared_ffn: int = 4
     frozen: tuple[str, ...] = ()
     seed: int = 0
 
@@ -100,127 +153,25 @@ class ModelSpec:
         if self.hidden < 1 or self.out < 1:
             raise ValueError(f"ModelSpec needs hidden >= 1 and out >= 1, got {self}.")
         for block in self.blocks:
-            if block.kind not in ("Block", "NestedBlock"):
+            if block.kind not in BLOCK_KINDS:
                 raise ValueError(
-                    f"BlockSpec.kind={block.kind!r} is not a zoo block; use 'Block' or "
-                    "'NestedBlock'."
+                    f"BlockSpec.kind={block.kind!r} is not a zoo block; use one of "
+                    f"{', '.join(repr(k) for k in BLOCK_KINDS)}."
                 )
+            if block.kind == "AttentionBlock":
+                self._check_attention(block)
 
-
-class _Seeded:
-    """Mixin: ``reset_parameters`` fills this module's own tensors from its init key."""
-
-    _init_key: tuple[int, str] | None = None
-
-    def _seed(self, key: tuple[int, str]) -> None:
-        self._init_key = key
-        self.reset_parameters()  # type: ignore[attr-defined]
-
-    def _generator(self) -> torch.Generator | None:
-        if self._init_key is None:  # called from the torch base class's __init__
-            return None
-        return torch.Generator().manual_seed(seed_for(*self._init_key))
-
-
-def _fill(target: Tensor, values: Tensor) -> None:
-    """Copy full-shape CPU ``values`` into ``target`` (plain, DTensor or meta)."""
-    if target.is_meta:
-        return
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    with torch.no_grad():
-        if isinstance(target, DTensor):
-            local = distribute_tensor(
-                values.to(target.dtype),
-                target.device_mesh,
-                target.placements,
-                src_data_rank=None,
+    def _check_attention(self, block: BlockSpec) -> None:
+        if block.attention not in ATTENTION_KINDS:
+            raise ValueError(
+                f"BlockSpec.attention={block.attention!r} is unknown; use 'hand' or 'mha'."
             )
-            target.copy_(local.to(target.device))
-        else:
-            target.copy_(values.to(device=target.device, dtype=target.dtype))
-
-
-def _normal(gen: torch.Generator, shape: torch.Size) -> Tensor:
-    # always draw in float32: the stream must not depend on the default dtype (*-true inits)
-    return torch.randn(shape, generator=gen, dtype=torch.float32)
-
-
-def _uniform(gen: torch.Generator, shape: torch.Size, bound: float) -> Tensor:
-    return (torch.rand(shape, generator=gen, dtype=torch.float32) * 2 - 1) * bound
-
-
-class Linear(_Seeded, nn.Linear):
-    """``nn.Linear`` (so tensor-parallel styles accept it) with a seeded init."""
-
-    def __init__(self, in_f: int, out_f: int, *, key: tuple[int, str], tied: bool = False):
-        super().__init__(in_f, out_f)
-        self.tied = tied  # the weight belongs to the Embedding: never re-initialize it here
-        self._seed(key)
-
-    def reset_parameters(self) -> None:
-        gen = self._generator()
-        if gen is None:
-            return
-        bound = self.in_features**-0.5
-        weight = _uniform(gen, self.weight.shape, bound)
-        if not getattr(self, "tied", False):
-            _fill(self.weight, weight)
-        _fill(self.bias, _uniform(gen, self.bias.shape, bound))
-
-
-class Embedding(_Seeded, nn.Embedding):
-    """``nn.Embedding`` with a seeded init."""
-
-    def __init__(self, num: int, dim: int, *, key: tuple[int, str]):
-        super().__init__(num, dim)
-        self._seed(key)
-
-    def reset_parameters(self) -> None:
-        gen = self._generator()
-        if gen is not None:
-            _fill(self.weight, _normal(gen, self.weight.shape) * 0.5)
-
-
-class LayerNorm(_Seeded, nn.LayerNorm):
-    """``nn.LayerNorm`` with a seeded, non-trivial affine init (ones would hide swaps)."""
-
-    def __init__(self, dim: int, *, key: tuple[int, str]):
-        super().__init__(dim)
-        self._seed(key)
-
-    def reset_parameters(self) -> None:
-        gen = self._generator()
-        if gen is not None:
-            _fill(self.weight, 1 + 0.1 * _normal(gen, self.weight.shape))
-            _fill(self.bias, 0.1 * _normal(gen, self.bias.shape))
-
-
-class Scale(_Seeded, nn.Module):
-    """``x * scale * gate + offset``: a persistent buffer, a non-persistent buffer and a
-    one-element parameter. ``seen_dtype`` records the buffer dtype used in the last forward."""
-
-    scale: Tensor
-    offset: Tensor
-
-    def __init__(self, dim: int, *, key: tuple[int, str]):
-        super().__init__()
-        self.gate = nn.Parameter(torch.empty(1))
-        self.register_buffer("scale", torch.empty(dim), persistent=True)
-        self.register_buffer("offset", torch.empty(dim), persistent=False)
-        self.seen_dtype = ""
-        self._seed(key)
-
-    def reset_parameters(self) -> None:
-        gen = self._generator()
-        if gen is not None:
-            _fill(self.gate, 1 + 0.1 * _normal(gen, torch.Size([1])))
-            _fill(self.scale, 1 + 0.1 * _normal(gen, self.scale.shape))
-            _fill(self.offset, 0.1 * _normal(gen, self.offset.shape))
-
-    def forward(self, x: Tensor) -> Tensor:
-        self.seen_dtype = str(self.scale.dtype).replace("torch.", "")
-        return x * self.scale * self.gate + self.offset
+        if block.heads < 1 or block.tokens < 1 or self.hidden % block.tokens:
+            raise ValueError(
+                f"BlockSpec(tokens={block.tokens}, heads={block.heads}) needs heads >= 1 and "
+                f"tokens dividing hidden={self.hidden}; pick tokens among the divisors of "
+                "hidden."
+            )
 
 
 class Block(nn.Module):
@@ -254,8 +205,35 @@ class NestedBlock(nn.Module):
         return x
 
 
-class ZooModel(nn.Module):
-    """Input layer, trunk of blocks, optional Scale, head (optionally tied to the input)."""
+class AttentionBlock(nn.Module):
+    """A tiny pre-norm transformer block on ``(batch, hidden)``.
+
+    Each sample's hidden vector is split into ``tokens`` tokens of width
+    ``hidden / tokens``: ``t = t + attn(norm_attn(t))`` attends among one sample's tokens,
+    then ``x + fc2(gelu(fc1(norm(x))))`` on the whole vector, as a :class:`Block`.
+    """
+
+    def __init__(self, hidden: int, spec: BlockSpec, *, seed: int, name: str):
+        super().__init__()
+        self.tokens = spec.tokens
+        width = hidden // spec.tokens
+        key = (seed, f"{name}.norm_attn")
+        self.norm_attn = LayerNorm(width, key=key) if spec.norm else nn.Identity()
+        kind = HandAttention if spec.attention == "hand" else MHAAttention
+        self.attn = kind(width, spec.heads, spec.tokens, seed=seed, name=f"{name}.attn")
+        self.norm = LayerNorm(hidden, key=(seed, f"{name}.norm")) if spec.norm else nn.Identity()
+        self.fc1 = Linear(hidden, spec.ffn, key=(seed, f"{name}.fc1"))
+        self.fc2 = Linear(spec.ffn, hidden, key=(seed, f"{name}.fc2"))
+
+    def forward(self, x: Tensor) -> Tensor:
+        t = x.unflatten(-1, (self.tokens, -1))
+        x = (t + self.attn(self.norm_attn(t))).flatten(-2)
+        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+
+
+class ZooModel(Seeded, nn.Module):
+    """Input layer, optional shared Block, trunk of blocks, shared Block again, optional
+    root ``gain``, optional Scale, head (optionally tied to the input)."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
@@ -265,19 +243,32 @@ class ZooModel(nn.Module):
             self.embed = Embedding(spec.vocab, spec.hidden, key=(s, "embed"))
         else:
             self.inp = Linear(spec.in_features, spec.hidden, key=(s, "inp"))
+        if spec.shared:
+            self.shared = Block(spec.hidden, spec.shared_ffn, True, seed=s, name="shared")
         self.blocks = nn.ModuleList(self._block(b, i) for i, b in enumerate(spec.blocks))
+        if spec.root_param:
+            self.gain = nn.Parameter(torch.empty(spec.hidden))
         if spec.scale:
             self.scale = Scale(spec.hidden, key=(s, "scale"))
         self.head = Linear(spec.hidden, spec.out, key=(s, "head"), tied=spec.tied)
+        self._seed((s, "<root>"))
         self.tie_weights()
         for name, param in self.named_parameters():
             if name in spec.frozen:
                 param.requires_grad_(False)
 
+    def reset_parameters(self) -> None:
+        """(Re)initialize the root's own parameter (``gain``), if any; children own theirs."""
+        gen = self._generator()
+        if gen is not None and self.spec.root_param:
+            fill(self.gain, 1 + 0.1 * normal(gen, self.gain.shape))
+
     def _block(self, spec: BlockSpec, i: int) -> nn.Module:
         name = f"blocks.{i}"
         if spec.kind == "NestedBlock":
             return NestedBlock(self.spec.hidden, spec, seed=self.spec.seed, name=name)
+        if spec.kind == "AttentionBlock":
+            return AttentionBlock(self.spec.hidden, spec, seed=self.spec.seed, name=name)
         return Block(self.spec.hidden, spec.ffn, spec.norm, seed=self.spec.seed, name=name)
 
     def tie_weights(self) -> None:
@@ -287,15 +278,35 @@ class ZooModel(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.embed(x) if self.spec.vocab > 0 else self.inp(x)
+        if self.spec.shared:
+            h = self.shared(h)
         for block in self.blocks:
             h = block(h)
+        if self.spec.shared:
+            h = self.shared(h)
+        if self.spec.root_param:
+            h = h * self.gain
         if self.spec.scale:
             h = self.scale(h)
         return self.head(h)
 
 
 MODULE_CLASSES: dict[str, type[nn.Module]] = {
-    cls.__name__: cls for cls in (Block, NestedBlock, Scale, Linear, Embedding, LayerNorm, ZooModel)
+    cls.__name__: cls
+    for cls in (
+        Block,
+        NestedBlock,
+        AttentionBlock,
+        HandAttention,
+        MHAAttention,
+        SeededMHA,
+        Rotary,
+        Scale,
+        Linear,
+        Embedding,
+        LayerNorm,
+        ZooModel,
+    )
 }
 
 
@@ -342,6 +353,15 @@ def make_batch(
         x = torch.randn(batch_size, spec.in_features, generator=gen, dtype=torch.float32)
     y = torch.randn(batch_size, spec.out, generator=gen, dtype=torch.float32)
     return x, y
+
+
+def tp_widths(spec: ModelSpec) -> list[int]:
+    """The widths a tensor-parallel size must divide for the ``mlp`` plan to apply to
+    ``spec``: every MLP width (the shared Block's too) and every hand-written attention's
+    head count (``nn.MultiheadAttention`` stays out of the plan)."""
+    widths = [block.ffn for block in spec.blocks]
+    widths += [b.heads for b in spec.blocks if b.kind == "AttentionBlock" and b.attention == "hand"]
+    return [*widths, spec.shared_ffn] if spec.shared else widths
 
 
 def iter_param_owners(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:

@@ -283,7 +283,8 @@ class MPConfig:
     Args:
         data_parallel_size: size of the ``data_parallel`` mesh dim.
         tensor_parallel_size: size of the ``tensor_parallel`` mesh dim.
-        tp_plan: ``none`` or ``mlp`` (every Block: fc1 column-wise, fc2 row-wise).
+        tp_plan: ``none`` or ``mlp`` (every Block and AttentionBlock: fc1 column-wise, fc2
+            row-wise; hand-written attention's wq/wk/wv column-wise, wo row-wise).
         fsdp_classes: zoo classes that get their own ``fully_shard`` before the root.
         reshard_after_forward: FSDP2's option.
         precision: ``32-true`` or ``bf16-mixed`` (the latter via FSDP2's policy).

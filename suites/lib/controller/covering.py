@@ -151,7 +151,7 @@ def _size_threshold(model: ModelSpec) -> int:
     valid_wrap`): it wraps the most units."""
     plain = build_model(model, "meta")
     numels = sorted({sum(p.numel() for p in m.parameters()) for m in plain.modules()})
-    return min(n for n in numels if n > 0 and valid_wrap(model, WrapSpec("size", (), n)))
+    return next(n for n in numels if n > 0 and valid_wrap(model, WrapSpec("size", (), n)))
 
 
 def _fsdp_wrap(kind: str, model: ModelSpec) -> WrapSpec:

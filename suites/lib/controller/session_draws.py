@@ -107,11 +107,19 @@ _COVERING_MODEL = ModelSpec(
 )
 
 
-def covering_scenario(family: str) -> Scenario:
-    """The scripted session's scenario of ``family`` at world size 4: fsdp HYBRID_SHARD on a
-    (2, 2) mesh, Block units, checkpointed Blocks, fp32 Adam; model_parallel on a (2, 2)
-    mesh with the MLP plan, bf16-mixed AdamW."""
+def covering_scenario(family: str, world: int = 4) -> Scenario:
+    """The scripted session's scenario of ``family``. At world size 4: fsdp HYBRID_SHARD on
+    a (2, 2) mesh, Block units, checkpointed Blocks, fp32 Adam; model_parallel on a (2, 2)
+    mesh with the MLP plan, bf16-mixed AdamW. At 2: fsdp SHARD_GRAD_OP with Block units;
+    model_parallel tensor parallel only (1, 2)."""
     plan = TrainPlan(steps=0, batch_size=2, data_seed=5)
+    if world == 2:
+        small: FSDPConfig | MPConfig = (
+            FSDPConfig("SHARD_GRAD_OP", wrap=WrapSpec("classes", ("Block",)))
+            if family == "fsdp"
+            else MPConfig(1, 2, tp_plan="mlp", fsdp_classes=("Block", "NestedBlock"))
+        )
+        return dataclasses.replace(covering_scenario(family), world_size=2, strategy=small)
     if family == "fsdp":
         config: FSDPConfig | MPConfig = FSDPConfig(
             "HYBRID_SHARD",

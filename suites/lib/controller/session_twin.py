@@ -100,19 +100,24 @@ class Twin:
 
 
 def check_reads(
-    out: list[dict[str, Any]], expected: list[Expected], scenario: Scenario, optim: OptimSpec
+    out: list[dict[str, Any]],
+    expected: list[Expected],
+    scenario: Scenario,
+    optim: OptimSpec,
+    precision: str,
 ) -> None:
     """Every rank's reads of a segment (its checks, then the end state, then what fresh
-    objects restored from a save of it) equal the twin's at the same points."""
+    objects restored from a save of it, if they did) equal the twin's at the same points,
+    within ``precision``'s tolerance (the loosest the session has trained in so far)."""
     world = scenario.world_size
     for rank, got in enumerate(out):
-        reads = [*got["checks"], got, got["restored"]]
+        reads = [*got["checks"], got, *([got["restored"]] if "restored" in got else [])]
         for i, (read, (clause_id, state, steps)) in enumerate(
-            zip(reads, [*expected, expected[-1]], strict=True)
+            zip(reads, [*expected, expected[-1]][: len(reads)], strict=True)
         ):
             where = "the end, saved and loaded into fresh" if i == len(expected) else f"read {i}"
             lr = max(optim.max_lr, 0.2)
-            tol = tolerance(scenario.precision, optim.kind, lr=lr, steps=max(1, steps))
+            tol = tolerance(precision, optim.kind, lr=lr, steps=max(1, steps))
             with clause(clause_id):
                 what = f"rank {rank} of {world} ({scenario.family}), {steps} steps, {where}"
                 assert_matches(read, state, tol, what=what)
@@ -135,8 +140,8 @@ def assert_matches(
         f"TRAIN-4: {what}: optimizer state for {sorted(got_state)}, "
         f"the plain optimizer has it for {sorted(optim['state'])}"
     )
-    for name, expected in optim["state"].items():
-        for key, value in expected.items():
+    for name, state in optim["state"].items():
+        for key, value in state.items():
             actual = got_state[name].get(key)
             assert actual is not None, f"TRAIN-4: {what}: no optimizer state {key!r} of {name}"
             assert_close(

@@ -129,9 +129,15 @@ def segment_rank(ctx: Any, segment: Segment) -> dict[str, Any]:
             t = _rebuild(ctx, t, segment, structure, op.path)
     out = _read(t)
     out["checks"] = checks
-    if segment.probe is not None:  # what a checkpoint of this state restores
-        t = _rebuild(ctx, t, segment, structure, segment.probe)
-        out["restored"] = _read(t)
+    if segment.probe is not None:  # what a checkpoint of this state restores (the live
+        # objects stay: a teardown before a load is the Rebuild op's to check)
+        with clause("TRAIN-4"):
+            t.strategy.save_checkpoint(segment.probe, _state(t))
+        fresh = _build(ctx, segment, structure)
+        with clause("TRAIN-4"):
+            fresh.strategy.load_checkpoint(segment.probe, _state(fresh))
+        out["restored"] = _read(fresh)
+        end(fresh.strategy)
     end(t.strategy)
     return out
 

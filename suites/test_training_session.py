@@ -17,14 +17,19 @@ of the other family: CKPT-RT-6) and ``rebuild`` (save, tear down, set up again, 
 
 The ranks keep nothing between jobs. The ops of one strategy instance form a *segment*
 (:mod:`suites.lib.shared.session_ops`) that goes to the ranks once, in one job, when it ends
-(a load into fresh objects, a conversion, the session's end): the job reads the gathered
-model and optimizer state after every step, live load and rebuild, and at the end saves and
-loads that state into fresh objects too (:mod:`suites.lib.ranks.session_jobs`). Every read
-must equal the plain twin's state at the same point
-(:mod:`suites.lib.controller.session_twin`) within the precision's tolerance, under the
-clause the rule exercises. Hypothesis shrinks a failing session to its shortest op sequence
-and prints it. Before the drawn sessions, a scripted session per family runs every rule on a
-demanding scenario (:func:`~suites.lib.controller.session_draws.covering_scenario`).
+(a load into fresh objects, a conversion, the session's end: no replay per rule). The job
+reads the gathered model and optimizer state before a live load (if anything happened since
+the last read), after every load and at the end, and at the session's end also saves that
+state and loads it into fresh objects beside the live ones
+(:mod:`suites.lib.ranks.session_jobs`). Every read must equal the plain twin's state at the
+same point (:mod:`suites.lib.controller.session_twin`) within the tolerance of the loosest
+precision the session trained in (step counts exactly), under the clause the rule exercises
+(``TRAIN-4``; ``CKPT-RT-4`` after loading a converted checkpoint, ``CKPT-RT-6`` after a
+cross-family load). Hypothesis shrinks a failing session to its shortest op sequence and
+prints it. After the drawn sessions, a scripted session per family
+(:func:`~suites.lib.controller.session_driver.scripted_session`) runs every rule, both
+directions of the cross-family load included, on a demanding scenario; the test prints the
+rules run per family and fails if one never ran.
 """
 
 from __future__ import annotations

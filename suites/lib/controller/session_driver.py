@@ -3,10 +3,12 @@
 :class:`SessionDriver` holds what a session holds: the plain twin
 (:mod:`suites.lib.controller.session_twin`), the current segment
 (:mod:`suites.lib.shared.session_ops`) and the checkpoints saved so far. Each ``do_*``
-action appends its ops to the segment and applies them to the twin; a read of the ranks'
-state (``Check``) is placed after every step, live load, rebuild and fresh load, with the
-twin's state at that point and the clause it checks. A segment goes to the ranks once, when
-it ends (a load into fresh objects, a conversion, the session's end: :meth:`_flush`), so a
+action appends its ops to the segment and applies them to the twin. The ranks' state is read
+(a ``Check`` op, with the twin's state at that point and the clause it checks) before a live
+load if anything happened since the last read, after every load, and at the segment's end;
+at the session's end the job also saves the end state and loads it into fresh objects beside
+the live ones. A segment goes to the ranks once, when it ends (a load into fresh objects, a
+conversion, the session's end: :meth:`SessionDriver._flush`), so a
 session of n rules costs a few rank jobs, not n replays. The state machine of
 ``suites/test_training_session.py`` draws the actions' arguments;
 :func:`scripted_session` calls every action on a fixed, demanding scenario per family.

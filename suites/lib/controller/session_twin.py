@@ -3,7 +3,9 @@
 :class:`Twin` holds the plain fp32 model and optimizer, takes every op the sharded session
 takes (steps on every data-parallel rank's data, freezing, added groups) and can snapshot
 and restore itself as a checkpoint would. :func:`assert_matches` compares a rank's gathered
-model and optimizer state (step counts and group hyper-parameters included) with it.
+model and optimizer state (step counts and group hyper-parameters included) with it, and
+:func:`check_reads` every read of a segment's job with the twin's state at the same point,
+within the precision's tolerance, under the clause the read checks.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from harness.attribution import clause
 from suites.lib.controller.oracles import (
     assert_close,
     assert_close_state,
@@ -21,14 +24,16 @@ from suites.lib.controller.oracles import (
     named_optim_state,
     reference_model,
 )
-from suites.lib.controller.tolerances import Tolerance
+from suites.lib.controller.tolerances import Tolerance, tolerance
 from suites.lib.shared.models import clean_name
 from suites.lib.shared.session_ops import AddGroup, Freeze, Step, Structure, after
-from suites.lib.shared.specs import Scenario
+from suites.lib.shared.specs import OptimSpec, Scenario
 
-__all__ = ["Snapshot", "Twin", "assert_matches"]
+__all__ = ["Expected", "Snapshot", "Twin", "assert_matches", "check_reads"]
 
 Snapshot = tuple[dict[str, Tensor], dict[str, Any], Structure]
+#: what one read must equal: (clause, the twin's model and named optimizer state, steps)
+Expected = tuple[str, tuple[dict[str, Tensor], dict[str, Any]], int]
 
 
 class Twin:
@@ -89,14 +94,49 @@ class Twin:
         self.optimizer.load_state_dict(optim)
 
     def expected(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
-        """The model state and the optimizer state keyed by names."""
-        model = {k: v.detach() for k, v in self.model.state_dict().items()}
-        return model, named_optim_state(self.model, self.optimizer)
+        """The model state and the optimizer state keyed by names (copies)."""
+        model = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return model, copy.deepcopy(named_optim_state(self.model, self.optimizer))
 
 
-def assert_matches(out: dict[str, Any], twin: Twin, tol: Tolerance, *, what: str) -> None:
-    """``out`` (a rank's gathered model and optimizer state) equals the twin's."""
-    model, optim = twin.expected()
+def check_reads(
+    out: list[dict[str, Any]],
+    expected: list[Expected],
+    scenario: Scenario,
+    optim: OptimSpec,
+    precision: str,
+) -> None:
+    """Every rank's reads of a segment (its checks, then the end state, then what fresh
+    objects restored from a save of it, if they did) equal the twin's at the same points,
+    within ``precision``'s tolerance (the loosest the session has trained in so far)."""
+    world = scenario.world_size
+    for rank, got in enumerate(out):
+        reads = [*got["checks"], got, *([got["restored"]] if "restored" in got else [])]
+        for i, (read, (clause_id, state, steps)) in enumerate(
+            zip(reads, [*expected, expected[-1]][: len(reads)], strict=True)
+        ):
+            where = (
+                f"read {i}"
+                if i < len(expected) - 1
+                else ("the end" if i == len(expected) - 1 else "the end, saved and loaded fresh")
+            )
+            lr = max(optim.max_lr, 0.2)
+            tol = tolerance(precision, optim.kind, lr=lr, steps=max(1, steps))
+            with clause(clause_id):
+                what = f"rank {rank} of {world} ({scenario.family}), {steps} steps, {where}"
+                assert_matches(read, state, tol, what=what)
+
+
+def assert_matches(
+    out: dict[str, Any],
+    expected: tuple[dict[str, Tensor], dict[str, Any]],
+    tol: Tolerance,
+    *,
+    what: str,
+) -> None:
+    """``out`` (a rank's gathered model and optimizer state) equals ``expected`` (the twin's
+    :meth:`Twin.expected`)."""
+    model, optim = expected
     assert_close_state(out["model"], model, tol, what=f"{what}: parameter/buffer")
     got = out["optim"]
     got_state = {clean_name(k): v for k, v in got["state"].items()}
@@ -104,10 +144,16 @@ def assert_matches(out: dict[str, Any], twin: Twin, tol: Tolerance, *, what: str
         f"TRAIN-4: {what}: optimizer state for {sorted(got_state)}, "
         f"the plain optimizer has it for {sorted(optim['state'])}"
     )
-    for name, expected in optim["state"].items():
-        for key, value in expected.items():
+    for name, state in optim["state"].items():
+        for key, value in state.items():
             actual = got_state[name].get(key)
             assert actual is not None, f"TRAIN-4: {what}: no optimizer state {key!r} of {name}"
+            if key == "step":  # a count: equal, whatever the precision's tolerance
+                assert float(actual) == float(value), (
+                    f"TRAIN-4: {what}: optimizer step count of {name} is {float(actual):g}, "
+                    f"the plain optimizer's is {float(value):g}"
+                )
+                continue
             assert_close(
                 torch.as_tensor(actual).float(),
                 torch.as_tensor(value).float(),

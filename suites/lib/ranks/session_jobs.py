@@ -1,11 +1,12 @@
-"""Rank side of the training-session check (SPEC.md TRAIN-4): replay one segment of ops.
+"""Rank side of the training-session check (SPEC.md TRAIN-4): run one segment of ops.
 
 A *segment* (:class:`~suites.lib.shared.session_ops.Segment`) is what one strategy instance
 does: set up (fresh init), apply the session's structure so far (frozen names, added groups)
-and load ``source`` if any, then its ops in order. The ranks keep nothing between jobs, so
-every rule of the session machine replays the current segment in one job and reads the
-gathered model and optimizer state with torch's own APIs
-(:func:`suites.lib.ranks.checkpoint_jobs.read_state`).
+and load ``source`` if any (under the segment's ``load_clause``), then its ops in order. The
+ranks keep nothing between jobs, so the session machine sends a segment once, when it ends;
+at each ``Check`` op and at the end the job reads the gathered model and optimizer state with
+torch's own APIs (:func:`suites.lib.ranks.checkpoint_jobs.read_state`), and the controller
+compares every read with its plain twin's state at the same point.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from suites.lib.ranks.training import Trained, end, micro_step
 from suites.lib.shared.models import clean_name
 from suites.lib.shared.session_ops import (
     AddGroup,
+    Check,
     Freeze,
     Load,
     Save,
@@ -99,15 +101,19 @@ def _state(t: Trained) -> dict[str, Any]:
 
 
 def segment_rank(ctx: Any, segment: Segment) -> dict[str, Any]:
-    """Rank job: replay ``segment``; return the gathered model and optimizer state (and
-    under ``"restored"`` those of fresh objects that loaded a save of it, with a probe)."""
+    """Rank job: run ``segment``; return the gathered model and optimizer state at each
+    ``Check`` (``"checks"``) and at the end (``"model"``, ``"optim"``), and under
+    ``"restored"`` those of fresh objects that loaded a save of the end state (with a probe)."""
     structure = segment.structure
     t = _build(ctx, segment, structure)
     if segment.source is not None:
-        with clause("TRAIN-4"):
+        with clause(segment.load_clause):
             t.strategy.load_checkpoint(segment.source, _state(t), strict=segment.strict)
+    checks: list[dict[str, Any]] = []
     for op in segment.ops:
-        if isinstance(op, Step):
+        if isinstance(op, Check):
+            checks.append(_read(t))
+        elif isinstance(op, Step):
             with clause("TRAIN-4"):
                 _take_step(t, segment.scenario, op, t.strategy.distributed_sampler_kwargs["rank"])
         elif isinstance(op, (Freeze, AddGroup)):
@@ -122,9 +128,16 @@ def segment_rank(ctx: Any, segment: Segment) -> dict[str, Any]:
         else:  # Rebuild
             t = _rebuild(ctx, t, segment, structure, op.path)
     out = _read(t)
-    if segment.probe is not None:  # what a checkpoint of this state restores
-        t = _rebuild(ctx, t, segment, structure, segment.probe)
-        out["restored"] = _read(t)
+    out["checks"] = checks
+    if segment.probe is not None:  # what a checkpoint of this state restores (the live
+        # objects stay: a teardown before a load is the Rebuild op's to check)
+        with clause("TRAIN-4"):
+            t.strategy.save_checkpoint(segment.probe, _state(t))
+        fresh = _build(ctx, segment, structure)
+        with clause("TRAIN-4"):
+            fresh.strategy.load_checkpoint(segment.probe, _state(fresh))
+        out["restored"] = _read(fresh)
+        end(fresh.strategy)
     end(t.strategy)
     return out
 

@@ -2,8 +2,9 @@
 
 The controller's state machine (``suites/test_training_session.py``) draws them and its plain
 twin (:mod:`suites.lib.controller.session_twin`) applies them in this process; a
-:class:`Segment` of them crosses to the ranks, which replay it
-(:mod:`suites.lib.ranks.session_jobs`).
+:class:`Segment` of them crosses to the ranks in one job when it ends (a load into fresh
+objects starts the next, or the session ends), and the ranks run it once
+(:mod:`suites.lib.ranks.session_jobs`), reading the state at each :class:`Check`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from suites.lib.shared.specs import Scenario
 
 __all__ = [
     "AddGroup",
+    "Check",
     "Freeze",
     "Load",
     "Op",
@@ -76,6 +78,14 @@ class Rebuild:
 
 
 @dataclass(frozen=True)
+class Check:
+    """Read the gathered model and optimizer state here (the controller compares read
+    ``index`` of the segment with the twin's state at the same point)."""
+
+    index: int
+
+
+@dataclass(frozen=True)
 class Structure:
     """The session's structural changes so far: frozen names and added groups (in order)."""
 
@@ -83,7 +93,7 @@ class Structure:
     groups: tuple[AddGroup, ...] = ()
 
 
-Op = Step | Freeze | AddGroup | Save | Load | Rebuild
+Op = Step | Freeze | AddGroup | Save | Load | Rebuild | Check
 
 
 @dataclass
@@ -91,7 +101,9 @@ class Segment:
     """Set up ``scenario`` (with ``structure`` applied and ``source`` loaded), then ``ops``.
 
     ``held`` names the parameters the optimizer is built without (added as groups later).
-    With ``probe`` (a checkpoint path), the job also saves the state the ops reach there and
+    ``load_clause`` is the clause the load of ``source`` exercises (``TRAIN-4``; ``CKPT-RT-4``
+    for a checkpoint converted offline, ``CKPT-RT-6`` for one of the other family). With
+    ``probe`` (a checkpoint path), the job also saves the state the ops reach there and
     loads it into fresh objects of the same structure: what the check compares twice.
     """
 
@@ -101,6 +113,7 @@ class Segment:
     structure: Structure = field(default_factory=Structure)
     source: str | None = None
     strict: bool = True
+    load_clause: str = "TRAIN-4"
     ops: list[Op] = field(default_factory=list)
     probe: str | None = None
 

@@ -1,0 +1,268 @@
+"""The training-session check's driver (SPEC.md TRAIN-4): actions, segments, the twin.
+
+:class:`SessionDriver` holds what a session holds: the plain twin
+(:mod:`suites.lib.controller.session_twin`), the current segment
+(:mod:`suites.lib.shared.session_ops`) and the checkpoints saved so far. Each ``do_*``
+action appends its ops to the segment and applies them to the twin. The ranks' state is read
+(a ``Check`` op, with the twin's state at that point and the clause it checks) before a live
+load if anything happened since the last read, after every load, and at the segment's end;
+at the session's end the job also saves the end state and loads it into fresh objects beside
+the live ones. A segment goes to the ranks once, when it ends (a load into fresh objects, a
+conversion, the session's end: :meth:`SessionDriver._flush`), so a
+session of n rules costs a few rank jobs, not n replays. The state machine of
+``suites/test_training_session.py`` draws the actions' arguments;
+:func:`scripted_session` calls every action on a fixed, demanding scenario per family.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from suites.lib.controller.checkpoint_checks import convert_offline
+from suites.lib.controller.checkpoint_plans import FAMILIES, load_scenarios
+from suites.lib.controller.dispatch import run
+from suites.lib.controller.oracles import reference_model
+from suites.lib.controller.session_draws import COUNTS, covering_scenario
+from suites.lib.controller.session_twin import Expected, Snapshot, Twin, check_reads
+from suites.lib.shared.models import clean_name
+from suites.lib.shared.session_ops import (
+    AddGroup,
+    Check,
+    Freeze,
+    Load,
+    Rebuild,
+    Save,
+    Segment,
+    Step,
+)
+from suites.lib.shared.specs import Scenario
+
+__all__ = ["Micro", "Saved", "SessionDriver", "scripted_session", "trainable"]
+
+Micro = tuple[int, float | None]
+
+
+@dataclass(frozen=True)
+class Saved:
+    """A checkpoint of the session: where, its format and family, the twin's state then."""
+
+    path: str
+    fmt: str
+    family: str
+    snapshot: Snapshot
+
+
+def trainable(scenario: Scenario) -> list[str]:
+    """Names of the parameters that train, in order."""
+    model = reference_model(scenario)
+    return [clean_name(n) for n, p in model.named_parameters() if p.requires_grad]
+
+
+class SessionDriver:
+    """A training session's actions and its plain twin; a segment goes to the ranks (with
+    ``job``, checkpoint paths from ``path``: the rank side's, which the test module gives)
+    when it ends, and its reads are checked against the twin then."""
+
+    family = "fsdp"
+    job: Callable[..., Any]
+    path: Callable[[str, str, str], str]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.root = tempfile.mkdtemp(prefix="shardcheck-session-")
+        self.saved: dict[str, Saved] = {}
+        self.expected: list[Expected] = []  # what each read of the segment must equal
+        self.started = self.finished = 0  # rules begun / rules that returned
+
+    # --- actions: the rules draw their arguments and call these (so does the script) ------
+
+    def begin(self, scenario: Scenario, fmt: str, held: str, warmup: list[Micro]) -> None:
+        """Set the session up and train ``warmup`` (adding the held-back parameter's group
+        after the first step when ``warmup`` has two steps)."""
+        self.base = scenario
+        self.names = trainable(scenario)
+        self.held, self.added, self.frozen = held, False, set[str]()
+        self.twin = Twin(scenario, (held,))
+        self.precisions = {scenario.precision}
+        self.segment = Segment(scenario, fmt, (held,))
+        for i, micro in enumerate(warmup):
+            self.do_train(micro, count=False)
+            if i == 0 and len(warmup) == 2:
+                self.do_add_group(0.05, count=False)
+
+    def _count(self, name: str) -> None:
+        """Count rule ``name`` for the family whose objects it ran on."""
+        COUNTS[(self.segment.scenario.family, name)] += 1
+
+    def _check(self, clause_id: str = "TRAIN-4") -> None:
+        """Read the ranks' state here, to compare with the twin's now."""
+        self.segment.ops.append(Check(len(self.expected)))
+        self.expected.append((clause_id, self.twin.expected(), self.twin.steps))
+
+    def _settle(self) -> None:
+        """Read the ranks' state here unless nothing happened since the last read (before a
+        load replaces the state, so that what led up to it is checked)."""
+        if self.segment.ops and not isinstance(self.segment.ops[-1], Check):
+            self._check()
+
+    def _flush(self, *, probe: bool = False) -> None:
+        """Run the current segment on the ranks and compare every read with the twin; with
+        ``probe`` (the session's end) the job also saves the end state and loads it into
+        fresh objects, which must hold it too."""
+        segment = self.segment
+        if not self.expected and not segment.ops:
+            return
+        if probe:
+            segment.probe = self.path(self.root, "probe", segment.fmt)
+        out = run(self.job, segment, world_size=segment.scenario.world_size)
+        end = ("TRAIN-4", self.twin.expected(), self.twin.steps)
+        self.precisions.add(segment.scenario.precision)
+        loosest = "bf16-mixed" if "bf16-mixed" in self.precisions else "32-true"
+        check_reads(out, [*self.expected, end], segment.scenario, self.base.optim, loosest)
+        self.expected = []
+        segment.ops = []
+
+    def do_train(self, micro: Micro, *, count: bool = True) -> None:
+        op = Step(self.twin.steps, *micro)
+        self.segment.ops.append(op)
+        self.twin.step(op, self.segment.scenario.dp_size)
+        if count:
+            self._count("train")
+
+    def do_freeze(self, name: str, frozen: bool = True) -> None:
+        (self.frozen.add if frozen else self.frozen.discard)(name)
+        op = Freeze(name, frozen)
+        self.segment.ops.append(op)
+        self.twin.change(op)
+        self._count("freeze" if frozen else "unfreeze")
+
+    def do_add_group(self, lr: float, *, count: bool = True) -> None:
+        self.added = True
+        op = AddGroup(self.held, lr)
+        self.segment.ops.append(op)
+        self.twin.change(op)
+        if count:
+            self._count("add_group")
+
+    def do_save(self) -> str:
+        fmt, family = self.segment.fmt, self.segment.scenario.family
+        name = f"ckpt{len(self.saved)}-{fmt}-{family}"
+        path = self.path(self.root, name, fmt)
+        self.saved[name] = Saved(path, fmt, family, self.twin.snapshot())
+        self.segment.ops.append(Save(path, fmt))
+        self._count("save")
+        return name
+
+    def do_load_live(self, name: str, strict: bool) -> None:
+        """Load ``name`` into the live objects (into fresh ones of the saved structure at the
+        same options when the session's structure has changed since)."""
+        saved = self.saved[name]
+        self._count("load_live")
+        if saved.snapshot[2] != self.twin.structure:
+            self._fresh(saved, strict, self.segment.scenario, self.segment.fmt)
+            return
+        self._settle()
+        self.twin.restore(saved.snapshot)
+        self.segment.ops.append(Load(saved.path, strict))
+        self._check()
+
+    def load_options(self, world: int, family: str, data: Any) -> Scenario:
+        """Fresh objects' options of ``family`` at ``world``, drawn (same model, optimizer)."""
+        return self._own(data.draw(load_scenarios(self.base, world, family), label="options"))
+
+    def do_convert(self, name: str, scenario: Scenario, fmt: str) -> None:
+        """Convert sharded ``name`` offline into a full checkpoint; load that into ``scenario``."""
+        self._flush()  # the sharded checkpoint is written when its segment runs
+        saved = self.saved[name]
+        full = Saved(
+            self.path(self.root, f"conv{len(self.saved)}", "full"),
+            "full",
+            saved.family,
+            saved.snapshot,
+        )
+        convert_offline(saved.path, full.path)
+        self.saved[f"conv{len(self.saved)}-full-{saved.family}"] = full
+        self._fresh(full, True, self._own(scenario), fmt, "CKPT-RT-4")
+        self._count("convert")
+
+    def do_load_fresh(self, name: str, scenario: Scenario, fmt: str, *, strict: bool) -> None:
+        """Load ``name`` into fresh objects of ``scenario`` (its family) saving in ``fmt``."""
+        self._fresh(self.saved[name], strict, self._own(scenario), fmt)
+        self._count("load_fresh")
+
+    def do_load_other_family(self, name: str, scenario: Scenario, fmt: str) -> None:
+        """Load full ``name`` into fresh objects of ``scenario``, of the other family."""
+        self._fresh(self.saved[name], True, self._own(scenario), fmt, "CKPT-RT-6")
+        self._count("load_other_family")
+
+    def _own(self, scenario: Scenario) -> Scenario:
+        """``scenario`` with the session's model and optimizer (those of the twin)."""
+        return dataclasses.replace(scenario, model=self.base.model, optim=self.base.optim)
+
+    def _fresh(
+        self, saved: Saved, strict: bool, scenario: Scenario, fmt: str, clause_id: str = "TRAIN-4"
+    ) -> None:
+        """End the segment; load ``saved`` into fresh objects of ``scenario``."""
+        self._flush()
+        self.twin.restore(saved.snapshot)
+        structure = saved.snapshot[2]
+        self.frozen = set(structure.frozen)
+        self.added = bool(structure.groups)
+        self.segment = Segment(
+            scenario, fmt, (self.held,), structure, saved.path, strict, clause_id
+        )
+        self._check(clause_id)
+
+    def do_rebuild(self) -> None:
+        path = self.path(self.root, f"rebuild{len(self.segment.ops)}", self.segment.fmt)
+        self.segment.ops.append(Rebuild(path))
+        self._count("rebuild")
+
+    def close(self) -> None:
+        """Run the last segment (unless a rule failed) and remove the checkpoints."""
+        try:
+            if self.started and self.finished == self.started:
+                self._flush(probe=True)
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def scripted_session(driver: type[SessionDriver], family: str) -> None:
+    """Every rule once or more on :func:`covering_scenario` of ``family``, by construction
+    (the drawn sessions may miss a rule with few examples; ``ci`` draws 5 per family): five
+    rank jobs, the first three at world size 4."""
+    session = type(f"Scripted{family}", (driver,), {"family": family})()
+    scenario = covering_scenario(family)
+    other = next(f for f in FAMILIES if f != family)
+    names = trainable(scenario)
+    try:
+        session.begin(scenario, "sharded", names[-1], [(2, 0.5)])
+        session.do_freeze(names[0])
+        session.do_train((1, None))
+        first = session.do_save()
+        session.do_add_group(0.2)
+        session.do_freeze(names[0], frozen=False)
+        session.do_train((3, 0.5))
+        second = session.do_save()
+        session.do_train((1, None))
+        session.do_load_live(second, strict=False)
+        session.do_rebuild()
+        session.do_convert(first, scenario, "full")  # job 1
+        session.do_train((2, None))
+        converted = session.do_save()
+        session.do_load_other_family(converted, covering_scenario(other), "full")  # job 2
+        session.do_train((1, 0.5))
+        back = session.do_save()  # and back: the rule runs on both families' objects
+        session.do_load_other_family(back, covering_scenario(family, 2), "sharded")  # job 3
+        session.do_train((1, None))
+        session.do_load_fresh(second, covering_scenario(family, 2), "full", strict=False)
+        session.do_train((2, None))
+        session.finished = session.started = 1
+    finally:
+        session.close()  # job 5
+    COUNTS[(family, "scripted")] += 1

@@ -90,9 +90,12 @@ def _take_step(t: Trained, scenario: Scenario, step: Step, dp_rank: int) -> None
     with clause("API-4"):
         t.strategy.optimizer_step(t.optimizer)
     # The model's zero_grad, so that the held-back parameter's gradient (no optimizer holds
-    # it) does not carry over a step: with the optimizer's, the reference under FSDP1
-    # NO_SHARD with accumulated micro-batches updated the other parameters of its flat
-    # parameter differently from plain torch (found while porting TRAIN-4, not triaged).
+    # it) does not carry over a step. With the optimizer's, torch's FSDP1 itself (no
+    # reference code: a 2-rank NO_SHARD Linear, bias held back, 2 micro-batches under
+    # no_sync, drifts 3.6e-2 from plain torch in 2 SGD steps; FULL_SHARD and 1 micro-batch
+    # do not) keeps the flat parameter's gradient while any of its original parameters
+    # still has a .grad (FlatParamHandle._reset_flat_param_grad_info_if_needed), so the
+    # other parameters' stale gradients are accumulated into the next step.
     t.model.zero_grad()
 
 

@@ -422,9 +422,13 @@ def scenarios(
     frozen: bool | None = None,
     nested: bool | None = None,
     scale: bool | None = None,
+    attention: bool | None = None,
+    root_param: bool | None = None,
+    shared: bool | None = None,
 ) -> Scenario:
     """A whole scenario of ``family`` (``fsdp`` or ``model_parallel``); keyword arguments
-    restrict what is drawn (see the part strategies)."""
+    restrict what is drawn (see the part strategies; ``attention=False`` keeps a long check
+    on the smaller MLP-only models)."""
     world = world_size if world_size is not None else draw(world_sizes(min_world))
     config: FSDPConfig | MPConfig
     if family == "model_parallel":
@@ -439,13 +443,26 @@ def scenarios(
                 frozen=frozen,
                 nested=nested,
                 scale=scale,
+                attention=attention,
+                root_param=root_param,
+                shared=shared,
                 ffn_multiple=mp.tensor_parallel_size,
                 heads_multiple=mp.tensor_parallel_size,
             )
         )
         config = mp
     elif family == "fsdp":
-        spec = draw(model_specs(tied=tied, frozen=frozen, nested=nested, scale=scale))
+        spec = draw(
+            model_specs(
+                tied=tied,
+                frozen=frozen,
+                nested=nested,
+                scale=scale,
+                attention=attention,
+                root_param=root_param,
+                shared=shared,
+            )
+        )
         config = draw(
             fsdp_configs(
                 world, spec, sharding=sharding, precisions=precisions, wrap_kinds=wrap_kinds, ac=ac

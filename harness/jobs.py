@@ -15,6 +15,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from harness import sigterm
 from harness.contract import Unsupported
 from harness.deadlines import current_check
 from harness.fnref import fn_ref_of
@@ -38,6 +39,7 @@ def run_on_ranks(
 ) -> list[Any]:
     """:func:`harness.api.run_on_ranks` on ``session`` (its docstring says the rest)."""
     __tracebackhide__ = True
+    sigterm.raise_if_terminated()  # a SIGTERM swallowed since the last job stops the run here
     ref = fn_ref_of(fn)
     size = _check_world_size(session, world_size)
     check = current_check(str(ref))

@@ -205,6 +205,16 @@ def pytest_report_header(config: pytest.Config) -> str:
     )
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A SIGTERM whose exception was swallowed stops the session before the next test."""
+    sigterm.raise_if_terminated()
+
+
+def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+    """The interrupt (Ctrl-C or SIGTERM) reached pytest: nothing to raise again."""
+    sigterm.delivered()
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Restore the SIGTERM handler (the session plugin has stopped every pool by now)."""
     sigterm.uninstall()

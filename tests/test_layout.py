@@ -153,6 +153,7 @@ PROCESS_STATE = {
     "harness.sigterm._previous": "the process's SIGTERM handler before the plugin's",
     "harness.sigterm._installed": "whether the process's SIGTERM handler is installed",
     "harness.sigterm._depth": "how many nested pytest sessions installed it",
+    "harness.sigterm._received": "a SIGTERM arrived whose exception may have been swallowed",
     "harness.rankcoverage.rank._cov": "the coverage measurement of this (rank) process",
     "harness.rankcoverage.rank._save_failed": "whether this rank already warned of a save",
     "harness.fnref._REF_CACHE": "a cache of resolved function references (no state)",

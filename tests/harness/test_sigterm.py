@@ -103,3 +103,24 @@ def test_sigterm_stops_ranks_removes_temp_files_and_writes_the_report(tmp_path: 
     assert report["counts"]["not run"] == 2 and report["counts"]["error"] == 0
     assert "| API-3 | not run |" in (out / "report.md").read_text()
     assert "checks: 1 passed, 2 not run" in output
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the point
+def test_a_swallowed_sigterm_is_raised_again_before_the_next_test_or_job() -> None:
+    """A SIGTERM whose exception Python swallowed (raised inside a ``__del__``) is not lost."""
+    from harness import sigterm
+
+    class Swallows:
+        def __del__(self) -> None:
+            sigterm._on_sigterm(signal.SIGTERM, None)  # raised here, printed, ignored
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        obj = Swallows()
+        del obj  # "Exception ignored in ... __del__": the run would go on
+        with pytest.raises(sigterm.Terminated, match="raised again: the first was swallowed"):
+            sigterm.raise_if_terminated()
+        sigterm.raise_if_terminated()  # once only: the clean-up is not interrupted twice
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        sigterm.delivered()

@@ -57,7 +57,7 @@ from suites.lib.controller.session_driver import (
     scripted_session,
     trainable,
 )
-from suites.lib.ranks.session_jobs import checkpoint_path, segment_rank
+from suites.lib.ranks.session_jobs import checkpoint_path, segment_rank, setup_probe_rank
 from suites.lib.shared.checkpoint_specs import FORMATS
 
 
@@ -65,6 +65,7 @@ class TrainingSession(SessionDriver, RuleBasedStateMachine):
     """A training run's operations at random; the sharded run must track the plain twin."""
 
     job = staticmethod(segment_rank)
+    probe = staticmethod(setup_probe_rank)
     path = staticmethod(checkpoint_path)
 
     @initialize(

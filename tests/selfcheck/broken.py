@@ -23,7 +23,7 @@ Bugs, with the clause whose suite test must catch them (``BUGS``):
   ``clip_grad_norm_`` on the root's parameters, which sees each rank's local shard: the norm
   is too small wherever parameters are sharded (CLIP-1). CLIP-1's Hypothesis check draws
   ``32-true`` and ``16-mixed`` only, so under ``ci`` it passes; the configuration cover
-  (``suites/test_configuration_cover.py``) reaches ``bf16-mixed`` with a sharded strategy by
+  (``suites/test_whole_configuration_space.py``) reaches ``bf16-mixed`` with a sharded strategy by
   construction and catches it.
 """
 

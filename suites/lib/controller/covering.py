@@ -14,7 +14,7 @@ instead:
   strategy of both families can be asked to support;
 - :func:`cover_rows` picks, greedily and deterministically, candidates until every pair of
   the universe is taken by at least one of them (a pairwise covering design). The suite
-  ``suites/test_configuration_cover.py`` runs each row in every profile, so the ``ci`` run
+  ``suites/test_whole_configuration_space.py`` runs each row in every profile, so the ``ci`` run
   exercises every supported pair by construction, not by luck.
 
 The rows depend only on the world sizes the session can run (``--nproc``, attach mode), so a

@@ -70,6 +70,7 @@ class SessionDriver:
 
     family = "fsdp"
     job: Callable[..., Any]
+    probe: Callable[..., Any]  # rank job: set up a scenario and tear it down
     path: Callable[[str, str, str], str]
 
     def __init__(self) -> None:
@@ -78,6 +79,7 @@ class SessionDriver:
         self.saved: dict[str, Saved] = {}
         self.expected: list[Expected] = []  # what each read of the segment must equal
         self.started = self.finished = 0  # rules begun / rules that returned
+        self.probed: set[tuple[Scenario, str]] = set()  # configurations the strategy accepted
 
     # --- actions: the rules draw their arguments and call these (so does the script) ------
 
@@ -89,11 +91,19 @@ class SessionDriver:
         self.held, self.added, self.frozen = held, False, set[str]()
         self.twin = Twin(scenario, (held,))
         self.precisions = {scenario.precision}
+        self._probe(scenario, fmt)
         self.segment = Segment(scenario, fmt, (held,))
         for i, micro in enumerate(warmup):
             self.do_train(micro, count=False)
             if i == 0 and len(warmup) == 2:
                 self.do_add_group(0.05, count=False)
+
+    def _probe(self, scenario: Scenario, fmt: str) -> None:
+        """Set ``scenario`` up once on the ranks before its segment: segments run lazily, and
+        a refusal first met at the session's teardown could not reject the example."""
+        if (scenario, fmt) not in self.probed:
+            run(self.probe, scenario, fmt, world_size=scenario.world_size)
+            self.probed.add((scenario, fmt))
 
     def _count(self, name: str) -> None:
         """Count rule ``name`` for the family whose objects it ran on."""
@@ -209,6 +219,7 @@ class SessionDriver:
     ) -> None:
         """End the segment; load ``saved`` into fresh objects of ``scenario``."""
         self._flush()
+        self._probe(scenario, fmt)
         self.twin.restore(saved.snapshot)
         structure = saved.snapshot[2]
         self.frozen = set(structure.frozen)

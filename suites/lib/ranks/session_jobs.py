@@ -196,3 +196,11 @@ def _on_every_rank(local: list[bool]) -> list[bool]:
 def checkpoint_path(root: str, name: str, fmt: str) -> str:
     """Where checkpoint ``name`` of format ``fmt`` lives under ``root``."""
     return path_for(f"{root}/{name}", fmt)
+
+
+def setup_probe_rank(ctx: Any, scenario: Scenario, fmt: str) -> None:
+    """Build ``scenario``'s strategy, model and optimizer (saving in ``fmt``) and tear them
+    down: a strategy that refuses the configuration (``Unsupported``) says so in the rule that
+    starts a segment, not when the segment runs at the session's teardown, where Hypothesis
+    can no longer reject the example."""
+    end(build(ctx, scenario, fmt).strategy)

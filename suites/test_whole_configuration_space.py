@@ -69,7 +69,7 @@ ROUND_TRIP = ("CKPT-BUF-1", "CKPT-LOAD-2", "CKPT-SAVE-4")
 
 
 def _clauses(row: CoverRow) -> tuple[str, ...]:
-    own = ("CKPT-RT-1",) if row.fmt == "full" else ("CKPT-RT-2",)
+    own: tuple[str, ...] = ("CKPT-RT-1",) if row.fmt == "full" else ("CKPT-RT-2",)
     if row.scenario.family == "model_parallel":
         own += ("MP-3",)
     return (*COMMON, PRECISION_CLAUSE[row.scenario.precision], *own, *ROUND_TRIP)

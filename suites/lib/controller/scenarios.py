@@ -10,6 +10,7 @@ well under a second on CPU. World sizes go up to ``harness.max_world_size()`` (`
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 import pytest
@@ -430,6 +431,16 @@ def scenarios(
     restrict what is drawn (see the part strategies; ``attention=False`` keeps a long check
     on the smaller MLP-only models)."""
     world = world_size if world_size is not None else draw(world_sizes(min_world))
+    shaped_models = functools.partial(
+        model_specs,
+        tied=tied,
+        frozen=frozen,
+        nested=nested,
+        scale=scale,
+        attention=attention,
+        root_param=root_param,
+        shared=shared,
+    )
     config: FSDPConfig | MPConfig
     if family == "model_parallel":
         mp = draw(
@@ -437,32 +448,11 @@ def scenarios(
                 world, precisions=[p for p in precisions if p in MP_PRECISIONS] or MP_PRECISIONS
             )
         )
-        spec = draw(
-            model_specs(
-                tied=tied,
-                frozen=frozen,
-                nested=nested,
-                scale=scale,
-                attention=attention,
-                root_param=root_param,
-                shared=shared,
-                ffn_multiple=mp.tensor_parallel_size,
-                heads_multiple=mp.tensor_parallel_size,
-            )
-        )
+        tp = mp.tensor_parallel_size
+        spec = draw(shaped_models(ffn_multiple=tp, heads_multiple=tp))
         config = mp
     elif family == "fsdp":
-        spec = draw(
-            model_specs(
-                tied=tied,
-                frozen=frozen,
-                nested=nested,
-                scale=scale,
-                attention=attention,
-                root_param=root_param,
-                shared=shared,
-            )
-        )
+        spec = draw(shaped_models())
         config = draw(
             fsdp_configs(
                 world, spec, sharding=sharding, precisions=precisions, wrap_kinds=wrap_kinds, ac=ac

@@ -65,10 +65,12 @@ CHECKPOINTS = Section(
             "CKPT-RT-1",
             "Full save then full load at the same world size: model state, optimizer state and "
             "metadata equal what was saved.",
+            scope=(("checkpoint", ("full",)),),
         ),
         Clause(
             "CKPT-RT-2",
             "Sharded save then sharded load at the same world size: the same equalities.",
+            scope=(("checkpoint", ("sharded",)),),
         ),
         Clause(
             "CKPT-RT-3",

@@ -237,12 +237,14 @@ def candidates(worlds: Sequence[int]) -> list[CoverRow]:
     return [CoverRow(s, fmt) for s in scenarios for fmt in FORMATS]
 
 
-def universe(worlds: Sequence[int]) -> set[Pair]:
-    """Every pair of axis values some valid configuration at ``worlds`` takes."""
+@functools.cache
+def universe(worlds: tuple[int, ...]) -> frozenset[Pair]:
+    """Every pair of axis values some valid configuration at ``worlds`` takes (computed once
+    per run: every row of the cover declares it)."""
     found: set[Pair] = set()
     for row in candidates(worlds):
         found |= pairs_of(row.axes())
-    return found
+    return frozenset(found)
 
 
 @functools.cache

@@ -36,6 +36,7 @@ from harness import RankFailure
 from harness.api import current_config
 from suites.lib.controller.checkpoint_checks import assert_same_model, assert_same_optim
 from suites.lib.controller.checkpoint_plans import ckpt_plans
+from suites.lib.controller.covering import CoverRow, covering_rows, round_trip_plan
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.scenarios import examples
 from suites.lib.ranks.checkpoint_jobs import build, path_for, read_state, train_plan
@@ -150,9 +151,24 @@ def test_failed_save_keeps_the_old_checkpoint(
             "(attach mode) a dead rank ends the run"
         )
     plan = data.draw(ckpt_plans(family, fmt, same_config=True, min_steps=1), label="plan")
-    directory = Path(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()))
+    _check_atomic(plan, fault, Path(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp())))
+
+
+@pytest.mark.clause(CLAUSE)
+@pytest.mark.parametrize("row", covering_rows(CLAUSE), ids=lambda row: row.id)
+def test_failed_save_keeps_the_old_checkpoint_across_the_space(
+    row: CoverRow, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The write error of each format (the rank killed stays with the check above: each
+    kill costs a fresh set of ranks)."""
+    plan = round_trip_plan(row)
+    _check_atomic(plan, "write_error", Path(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp())))
+
+
+def _check_atomic(plan: CkptPlan, fault: str, directory: Path) -> None:
+    fmt = plan.fmt
     path = path_for(str(directory), fmt)
-    where = f"{CLAUSE}: {family} {fmt} save, {fault.replace('_', ' ')}"
+    where = f"{CLAUSE}: {plan.save.family} {fmt} save, {fault.replace('_', ' ')}"
     old = run(_save_old_rank, plan, path, world_size=plan.save.world_size)
     digest, listing = files_digest(path), sorted(os.listdir(directory))
 

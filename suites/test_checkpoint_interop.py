@@ -24,14 +24,21 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from suites.lib.controller.checkpoint_checks import (
+    as_dtype,
     assert_loaded_equals_saved,
     assert_same_model,
     assert_same_optim,
     standard_form,
 )
 from suites.lib.controller.checkpoint_plans import ckpt_plans
+from suites.lib.controller.covering import (
+    CoverRow,
+    covering_examples,
+    covering_rows,
+    round_trip_plan,
+)
 from suites.lib.controller.dispatch import run
-from suites.lib.controller.oracles import named_optim_state, plain_train
+from suites.lib.controller.oracles import expected_dtypes, named_optim_state, plain_train
 from suites.lib.controller.regressions import FULL_1X2_TO_2X2
 from suites.lib.controller.scenarios import examples
 from suites.lib.ranks.checkpoint_jobs import (
@@ -81,7 +88,25 @@ def _load_plain_rank(ctx: Any, plan: CkptPlan, path: str, layout: str) -> dict[s
 def test_plain_torch_checkpoint_loads_into_the_strategy(
     layout: str, data: st.DataObject, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    plan = _multi_group(data.draw(ckpt_plans(fmt="full", min_steps=1), label="plan"))
+    plan = data.draw(ckpt_plans(fmt="full", min_steps=1), label="plan")
+    _check_plain_checkpoint_loads(plan, layout, tmp_path_factory)
+
+
+@pytest.mark.clause("CKPT-REKEY-1")
+@pytest.mark.parametrize(
+    "row", covering_rows("CKPT-REKEY-1", formats=("full",)), ids=lambda row: row.id
+)
+def test_plain_torch_checkpoint_loads_into_the_strategy_across_the_space(
+    row: CoverRow, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The plain layout on each configuration (the trainer's is the check above's too)."""
+    _check_plain_checkpoint_loads(round_trip_plan(row), "plain", tmp_path_factory)
+
+
+def _check_plain_checkpoint_loads(
+    drawn: CkptPlan, layout: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    plan = _multi_group(drawn)
     model = build_model(plan.save.model)
     optimizer = plan.save.optim.build(model.named_parameters())
     plain_train(plan.save, model, optimizer)
@@ -91,16 +116,23 @@ def test_plain_torch_checkpoint_loads_into_the_strategy(
     else:
         content = {"state_dict": model.state_dict(), "optimizer_states": [optimizer.state_dict()]}
         torch.save({**content, "epoch": 1}, path)
-    expected_optim = named_optim_state(model, optimizer)
+    # a *-true strategy holds its state in the low dtype: the load converts what it reads
+    stored = expected_dtypes(plan.load.precision)["stored"]
+    expected_model = as_dtype(model.state_dict(), stored)
+    expected_optim = as_dtype(named_optim_state(model, optimizer), stored)
     loaded = run(_load_plain_rank, plan, path, layout, world_size=plan.load.world_size)
     for rank, out in enumerate(loaded):
         where = f"rank {rank} of {plan.load.world_size}, a plain torch checkpoint ({layout})"
-        assert_same_model(out["model"], model.state_dict(), clause="CKPT-REKEY-1", where=where)
+        assert_same_model(out["model"], expected_model, clause="CKPT-REKEY-1", where=where)
         assert_same_optim(out["optim"], expected_optim, clause="CKPT-REKEY-1", where=where)
 
 
+def _full_round_trip(scenario: Scenario) -> CkptPlan:
+    return round_trip_plan(CoverRow(scenario, "full"))
+
+
 @pytest.mark.clause("CKPT-REKEY-2")
-@examples(3)
+@covering_examples("CKPT-REKEY-2", adapt=_full_round_trip, argname="plan", share=3)
 @given(plan=ckpt_plans(fmt="full", min_steps=1))
 def test_strategy_full_checkpoint_loads_into_plain_torch(
     plan: CkptPlan, tmp_path_factory: pytest.TempPathFactory
@@ -111,6 +143,8 @@ def test_strategy_full_checkpoint_loads_into_plain_torch(
     where = f"{plan.worlds}, read by plain torch"
     plain = build_model(plan.load.model)
     plain.load_state_dict(content["model"])  # strict: keys exactly as in the plain model
+    # the plain model is float32: a *-true strategy's low-dtype values load converted
+    saved = as_dtype(saved, torch.float32)
     assert_same_model(plain.state_dict(), saved["model"], clause="CKPT-REKEY-2", where=where)
     names = {id(p): clean_name(n) for n, p in plain.named_parameters()}
     optimizer = plan.load.optim.build(plain.named_parameters())

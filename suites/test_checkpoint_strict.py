@@ -5,7 +5,9 @@ Two models that differ by the keys of their ``Scale`` module (``scale.gate``,
 ``strict=True`` must refuse missing and unexpected model keys and a missing requested
 metadata key, naming them, with the files unchanged; ``strict=False`` must load the present
 keys, keep the missing ones, ignore the unexpected ones, and still refuse an optimizer whose
-parameter groups differ from the checkpoint's (``ValueError`` naming the group).
+parameter groups differ from the checkpoint's (``ValueError`` naming the group). Each check
+also runs on the configurations of ``covering_rows`` (every value of every axis, both
+families and formats), as a check of its own.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from hypothesis import strategies as st
 
 from suites.lib.controller.checkpoint_checks import check_refusal, tree_diff
 from suites.lib.controller.checkpoint_plans import ckpt_plans
+from suites.lib.controller.covering import CoverRow, covering_rows, round_trip_plan
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.scenarios import examples
 from suites.lib.ranks.checkpoint_jobs import attempt, build, read_state, train_plan
@@ -85,7 +88,18 @@ def test_strict_load_refuses_key_differences(
     family: str, fmt: str, data: st.DataObject, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     plan = data.draw(ckpt_plans(family, fmt, same_config=True, min_steps=1), label="plan")
-    directory = tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp())
+    _check_strict(plan, tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()))
+
+
+@pytest.mark.clause("CKPT-STRICT-1")
+@pytest.mark.parametrize("row", covering_rows("CKPT-STRICT-1"), ids=lambda row: row.id)
+def test_strict_load_refuses_key_differences_across_the_space(
+    row: CoverRow, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    _check_strict(round_trip_plan(row), tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()))
+
+
+def _check_strict(plan: CkptPlan, directory: str) -> None:
     for rank, out in enumerate(run(_strict_rank, plan, directory, world_size=plan.save.world_size)):
         what = f"rank {rank}, {plan.worlds}, strict=True"
         errors = ("KeyError", "RuntimeError")
@@ -152,7 +166,18 @@ def test_non_strict_load_keeps_missing_and_ignores_unexpected(
     family: str, fmt: str, data: st.DataObject, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     plan = data.draw(ckpt_plans(family, fmt, same_config=True, min_steps=1), label="plan")
-    directory = tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp())
+    _check_non_strict(plan, tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()))
+
+
+@pytest.mark.clause("CKPT-STRICT-2")
+@pytest.mark.parametrize("row", covering_rows("CKPT-STRICT-2"), ids=lambda row: row.id)
+def test_non_strict_load_keeps_missing_and_ignores_unexpected_across_the_space(
+    row: CoverRow, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    _check_non_strict(round_trip_plan(row), tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()))
+
+
+def _check_non_strict(plan: CkptPlan, directory: str) -> None:
     results = run(_non_strict_rank, plan, directory, world_size=plan.save.world_size)
     for rank, out in enumerate(results):
         what = f"CKPT-STRICT-2: rank {rank}, {plan.worlds}, strict=False"

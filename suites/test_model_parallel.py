@@ -11,6 +11,7 @@ import pytest
 from hypothesis import example, given
 
 from harness import RankContext
+from suites.lib.controller.covering import covering_examples
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.oracles import assert_parity
 from suites.lib.controller.scenarios import meshes, scenarios, train_plans, world_sizes
@@ -89,6 +90,7 @@ def test_the_mesh_is_built_at_setup_environment_and_handed_over(case: tuple) -> 
 
 
 @pytest.mark.clause("MP-2", "TRAIN-1")
+@covering_examples("MP-2")
 @given(
     scenarios(
         "model_parallel",
@@ -168,6 +170,7 @@ def _all_off(flags: dict[str, Any]) -> bool:
 
 
 @pytest.mark.clause("MP-4", "SYNC-1")
+@covering_examples("MP-4")
 @given(scenarios("model_parallel"))
 def test_no_backward_sync_switches_every_fsdp2_module_and_restores_it(scenario: Scenario) -> None:
     for rank, out in enumerate(run(_switch_rank, scenario, world_size=scenario.world_size)):

@@ -11,6 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from suites.lib.controller.covering import covering_examples
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.oracles import (
     assert_close,
@@ -183,6 +184,7 @@ def _buffer_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
 
 
 @pytest.mark.clause("PREC-4")
+@covering_examples("PREC-4", keep=lambda s: s.model.scale)
 @given(
     scenarios(
         "fsdp",

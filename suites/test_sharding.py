@@ -7,6 +7,7 @@ reads the result with torch's own APIs (``suites/lib/ranks/readers.py``,
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from typing import Any
@@ -16,6 +17,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from harness import RankContext
+from suites.lib.controller.covering import covering_examples, richest_block
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.oracles import (
     assert_close_state,
@@ -56,10 +58,13 @@ def _layout_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
 
 
 @pytest.mark.clause("SHARD-1")
+@covering_examples("SHARD-1")
 @given(scenarios("fsdp", wrap_kinds=("none", "classes", "size")))
 def test_each_rank_holds_its_share_of_every_unit(scenario: Scenario) -> None:
+    config = scenario.strategy
+    assert isinstance(config, FSDPConfig)
     results = run(_layout_rank, scenario, world_size=scenario.world_size)
-    factor = _shard_factor(scenario.strategy, scenario.world_size)  # type: ignore[arg-type]
+    factor = _shard_factor(config, scenario.world_size)
     initial = reference_run(scenario, steps=0).initial
     for rank, result in enumerate(results):
         assert result["units"], f"rank {rank}: setup_module returned no FSDP unit"
@@ -70,7 +75,7 @@ def test_each_rank_holds_its_share_of_every_unit(scenario: Scenario) -> None:
             assert unit.local == want, (
                 f"rank {rank}: FSDP unit {name or '<root>'!r} holds {unit.local} of "
                 f"{unit.unsharded} flat-parameter elements; "
-                f"{scenario.strategy.sharding_strategy} must hold ceil({unit.unsharded}/"
+                f"{config.sharding_strategy} must hold ceil({unit.unsharded}/"
                 f"{factor}) = {want}"
             )
             assert unit.unsharded - unit.params <= ALIGN_SLACK * unit.count, (
@@ -102,6 +107,7 @@ def _units_rank(ctx: Any, scenario: Scenario) -> list[str]:
 
 
 @pytest.mark.clause("WRAP-1")
+@covering_examples("WRAP-1")
 @given(
     scenarios(
         "fsdp",
@@ -161,7 +167,15 @@ def _ac_rank(ctx: Any, scenario: Scenario) -> dict[str, list[str]]:
     return out
 
 
+def _with_checkpointing(scenario: Scenario) -> Scenario:
+    """``scenario`` with its model's richest block class checkpointed (covering examples)."""
+    assert isinstance(scenario.strategy, FSDPConfig)
+    ac = ACSpec("classes", richest_block(scenario.model))
+    return dataclasses.replace(scenario, strategy=dataclasses.replace(scenario.strategy, ac=ac))
+
+
 @pytest.mark.clause("AC-1")
+@covering_examples("AC-1", adapt=_with_checkpointing)
 @given(scenarios("fsdp", ac=True, optimizers=("sgd",), wrap_kinds=("none", "classes")))
 @example(AC_BLOCKS)
 def test_checkpointing_wraps_exactly_the_selected_modules(scenario: Scenario) -> None:
@@ -209,6 +223,7 @@ def test_checkpointing_leaves_an_already_checkpointed_model_alone() -> None:
 
 
 @pytest.mark.clause("AC-2")
+@covering_examples("AC-2", adapt=_with_checkpointing)
 @given(scenarios("fsdp", ac=True, wrap_kinds=("none", "classes"), plan=train_plans()))
 @example(AC_BLOCKS)
 def test_checkpointing_changes_no_numbers(scenario: Scenario) -> None:

@@ -8,6 +8,7 @@ The reference is the plain model trained in the controller
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from harness import RankContext
+from suites.lib.controller.covering import covering_examples
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.oracles import (
     assert_close,
@@ -81,7 +83,16 @@ def _frozen_tied_rank(ctx: Any, scenario: Scenario) -> RankResult:
     return result
 
 
+def _one_micro_batch(scenario: Scenario) -> Scenario:
+    """``scenario`` trained one unclipped micro-batch per step (what the check's ranks do)."""
+    plan = dataclasses.replace(scenario.plan, micro_batches=1, clip=None)
+    return dataclasses.replace(scenario, plan=plan)
+
+
 @pytest.mark.clause("TRAIN-2")
+@covering_examples(
+    "TRAIN-2", keep=lambda s: s.model.tied or bool(s.model.frozen), adapt=_one_micro_batch
+)
 @given(
     FAMILIES.flatmap(
         lambda family: scenarios(
@@ -98,6 +109,8 @@ def test_frozen_parameters_stay_and_tied_parameters_stay_tied(scenario: Scenario
         )
         frozen = {k: initial[k] for k in scenario.model.frozen}
         assert_close_state(r.state, frozen, EXACT, what=f"rank {r.rank}: frozen parameter")
+        if not scenario.model.tied:  # a covering example may have frozen parameters only
+            continue
         assert ["embed.weight", "head.weight"] in r.extra["shared"], (
             f"rank {r.rank}: embed.weight and head.weight are no longer one tensor "
             f"(shared parameters: {r.extra['shared']})"
@@ -108,7 +121,23 @@ def test_frozen_parameters_stay_and_tied_parameters_stay_tied(scenario: Scenario
     assert_parity(results, scenario)  # updated once, like the plain model's single tensor
 
 
+def _shard_factor(scenario: Scenario) -> int:
+    """How many ranks split one parameter (FSDP1's shard group, FSDP2's data-parallel size)."""
+    config = scenario.strategy
+    if not isinstance(config, FSDPConfig):
+        return config.data_parallel_size
+    if config.sharding_strategy == "NO_SHARD":
+        return 1
+    return config.device_mesh[1] if config.device_mesh else scenario.world_size
+
+
+def _uneven(scenario: Scenario) -> bool:
+    """``scale.gate`` (one element) is split over two ranks or more: some shard is empty."""
+    return scenario.model.scale and _shard_factor(scenario) >= 2
+
+
 @pytest.mark.clause("TRAIN-3")
+@covering_examples("TRAIN-3", keep=_uneven)
 @given(
     scenarios(
         "fsdp",
@@ -333,6 +362,7 @@ def _init_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
 
 
 @pytest.mark.clause("INIT-1")
+@covering_examples("INIT-1", adapt=lambda s: dataclasses.replace(s, empty_init=True))
 @given(
     FAMILIES.flatmap(
         lambda family: scenarios(
@@ -348,7 +378,7 @@ def _init_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
 @example(INIT_FSDP2)
 @example(INIT_ZOO)
 def test_meta_device_init_equals_eager_init(scenario: Scenario) -> None:
-    eager = build_model(scenario.model)
+    eager = reference_model(scenario)  # under *-true: eager values rounded to the low dtype
     expected = eager.state_dict()
     for rank, out in enumerate(run(_init_rank, scenario, world_size=scenario.world_size)):
         assert_close_state(out["state"], expected, EXACT, what=f"rank {rank}: parameter/buffer")

@@ -26,7 +26,6 @@ value too:
 
 from __future__ import annotations
 
-import dataclasses
 import tempfile
 
 import pytest
@@ -40,7 +39,7 @@ from suites.lib.controller.checkpoint_checks import (
     check_round_trip,
     tree_diff,
 )
-from suites.lib.controller.covering import CoverRow, cover_rows, universe
+from suites.lib.controller.covering import CoverRow, cover_rows, round_trip_plan, universe
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.oracles import (
     assert_close,
@@ -52,7 +51,6 @@ from suites.lib.controller.oracles import (
 from suites.lib.controller.scenarios import available_world_sizes
 from suites.lib.ranks.checkpoint_jobs import path_for, round_trip_rank
 from suites.lib.ranks.training import RankResult
-from suites.lib.shared.checkpoint_specs import META_KINDS, CkptPlan
 from suites.lib.shared.specs import Scenario
 
 WORLDS = tuple(available_world_sizes())
@@ -79,18 +77,6 @@ ROWS = [
     pytest.param(row, id=row.id, marks=pytest.mark.clause(*_clauses(row)))
     for row in cover_rows(WORLDS)
 ]
-
-
-def _plan(row: CoverRow) -> CkptPlan:
-    """The round trip of ``row``: the loading side has another init and learning rate (a
-    loader that does nothing is caught) and asks for one metadata key back."""
-    s = row.scenario
-    load = dataclasses.replace(
-        s,
-        model=dataclasses.replace(s.model, seed=s.model.seed + 1000),
-        optim=dataclasses.replace(s.optim, lr=s.optim.lr * 2),
-    )
-    return CkptPlan(save=s, fmt=row.fmt, load=load, meta=META_KINDS, requested=("counter",))
 
 
 def _assert_trains_like_the_plain_model(results: list[RankResult], scenario: Scenario) -> None:
@@ -133,7 +119,7 @@ def test_configuration_trains_and_round_trips(
     row: CoverRow, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     current().note_universe(universe(WORLDS))
-    plan = _plan(row)
+    plan = round_trip_plan(row)
     directory = tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp())
     outs = run(round_trip_rank, plan, directory, True, world_size=row.scenario.world_size)
     _assert_trains_like_the_plain_model([out["trained"] for out in outs], row.scenario)

@@ -228,6 +228,22 @@ TRAINING = Section(
             "TRAIN-3",
             "Sizes that do not divide by the world size (down to a rank whose shard is empty) "
             "train exactly like even sizes.",
+            # only a parameter split over two ranks or more can be uneven: one rank, NO_SHARD's
+            # and a hybrid mesh's replicas, and tensor parallel alone split nothing unevenly
+            scope=(
+                ("world_size", ("2", "3", "4")),
+                (
+                    "sharding",
+                    (
+                        "FULL_SHARD",
+                        "SHARD_GRAD_OP",
+                        "HYBRID_SHARD",
+                        "_HYBRID_SHARD_ZERO2",
+                        "dp",
+                        "dp+tp",
+                    ),
+                ),
+            ),
         ),
         Clause(
             "TRAIN-4",

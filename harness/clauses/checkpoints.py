@@ -95,6 +95,7 @@ CHECKPOINTS = Section(
             "plain torch optimizer, or a trainer's standard format, saves it) loads into the "
             "sharded model: ids follow the order of `param_groups`, several groups included, "
             "and each state lands on its own parameter.",
+            scope=(("checkpoint", ("full",)),),  # it speaks of full checkpoints only
         ),
         Clause(
             "CKPT-REKEY-2",
@@ -102,6 +103,7 @@ CHECKPOINTS = Section(
             "unsharded model with torch's `load_state_dict` (no wrapper prefixes in the keys); "
             "its optimizer part is keyed by parameter name and a documented helper turns it "
             "into the plain optimizer's integer-keyed form.",
+            scope=(("checkpoint", ("full",)),),  # it speaks of full checkpoints only
         ),
         Clause(
             "CKPT-TRAINER-1",

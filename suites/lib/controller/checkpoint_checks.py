@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from suites.lib.shared.checkpoint_specs import CkptPlan
 
 __all__ = [
+    "as_dtype",
     "assert_loaded_equals_saved",
     "assert_same_model",
     "assert_same_optim",
@@ -98,6 +99,18 @@ def assert_same_model(actual: dict, expected: dict, *, clause: str, where: str) 
     found = tree_diff(actual, expected, "model")
     if found:
         raise AssertionError(f"{clause}: {where}: {found}")
+
+
+def as_dtype(tree: Any, dtype: torch.dtype, key: str = "") -> Any:
+    """``tree`` (a state dict, nested) with its floating-point tensors in ``dtype``, as a load
+    into objects of that dtype gives them (torch's optimizer keeps ``step`` as it is)."""
+    if isinstance(tree, dict):
+        return {k: as_dtype(v, dtype, str(k)) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [as_dtype(v, dtype, key) for v in tree]
+    if isinstance(tree, torch.Tensor) and tree.is_floating_point() and key != "step":
+        return tree.to(dtype)
+    return tree
 
 
 def _sorted_groups(osd: dict) -> dict:

@@ -16,6 +16,14 @@ instead:
   the universe is taken by at least one of them (a pairwise covering design). The suite
   ``suites/test_whole_configuration_space.py`` runs each row in every profile, so the ``ci`` run
   exercises every supported pair by construction, not by luck.
+- :func:`value_cover` and :func:`covering_examples` do the same for one clause's own check,
+  one value at a time: the fewest candidates the check can run that take, among them, every
+  value of each axis inside the clause's scope, given to the check as explicit Hypothesis
+  examples. They take the place of as many of the profile's random draws, so a check costs
+  what it did and reaches every (clause, value) pair in every profile. A check that draws
+  inside its body (``st.data()``: Hypothesis gives such a check no explicit example) gets a
+  sibling check parametrized by :func:`covering_rows` instead, each row with a checkpoint
+  format in turn and :func:`round_trip_plan` to make its plan.
 
 The rows depend only on the world sizes the session can run (``--nproc``, attach mode), so a
 row's check id is the same in every run.
@@ -23,14 +31,24 @@ row's check id is the same in every run.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
+from hypothesis import example, settings
+
+from harness.clauses import CLAUSES
 from harness.conformance.coverage import pairs_of
-from suites.lib.controller.scenarios import MP_PRECISIONS, SHARDING_STRATEGIES, valid_wrap
+from suites.lib.controller.scenarios import (
+    MP_PRECISIONS,
+    SHARDING_STRATEGIES,
+    available_world_sizes,
+    valid_wrap,
+)
 from suites.lib.shared.axes import scenario_axes
-from suites.lib.shared.checkpoint_specs import FORMATS
+from suites.lib.shared.checkpoint_specs import FORMATS, META_KINDS, CkptPlan
 from suites.lib.shared.models import BlockSpec, ModelSpec, build_model
 from suites.lib.shared.specs import (
     FSDPConfig,
@@ -41,7 +59,20 @@ from suites.lib.shared.specs import (
     WrapSpec,
 )
 
-__all__ = ["COVER_MODELS", "CoverRow", "candidates", "cover_rows", "universe"]
+__all__ = [
+    "COVER_MODELS",
+    "CoverRow",
+    "candidates",
+    "cover_rows",
+    "covering_examples",
+    "covering_rows",
+    "richest_block",
+    "round_trip_plan",
+    "universe",
+    "value_cover",
+]
+
+T = TypeVar("T", bound=Callable[..., Any])
 
 #: precisions of the fsdp family, in the order rows prefer them
 FSDP_COVER_PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
@@ -138,8 +169,9 @@ def _plan(precision: str, index: int) -> TrainPlan:
     )
 
 
-def _classes(model: ModelSpec) -> tuple[str, ...]:
-    """The wrap unit class: the model's richest block kind."""
+def richest_block(model: ModelSpec) -> tuple[str, ...]:
+    """The wrap unit class: the model's richest block kind (one class, so units never
+    nest)."""
     kinds = {b.kind for b in model.blocks}
     return next((k,) for k in ("AttentionBlock", "NestedBlock", "Block") if k in kinds)
 
@@ -159,7 +191,7 @@ def _fsdp_wrap(kind: str, model: ModelSpec) -> WrapSpec:
         return WrapSpec()
     if kind == "size":
         return WrapSpec("size", min_num_params=_size_threshold(model))
-    return WrapSpec(kind, classes=_classes(model))
+    return WrapSpec(kind, classes=richest_block(model))
 
 
 def _present(model: ModelSpec) -> set[str]:
@@ -263,3 +295,117 @@ def cover_rows(worlds: tuple[int, ...]) -> tuple[CoverRow, ...]:
         chosen.append(rows[best])
         missing -= pairs[best]
     return tuple(chosen)
+
+
+def _in_scope(scenario: Scenario, scope: dict[str, tuple[str, ...]]) -> bool:
+    axes = scenario_axes(scenario)
+    return all(set(axes[axis]) & set(allowed) for axis, allowed in scope.items() if axis in axes)
+
+
+def value_cover(
+    worlds: Sequence[int],
+    clause: str,
+    keep: Callable[[Scenario], bool] = lambda scenario: True,
+) -> tuple[Scenario, ...]:
+    """The fewest candidates (greedily, deterministically) that ``keep`` accepts and that
+    among them take every value of each axis inside ``clause``'s scope
+    (:attr:`harness.clauses.Clause.scope`; the checkpoint format is not an axis here).
+
+    Args:
+        worlds: the world sizes the session can run.
+        clause: the clause whose check gets the scenarios.
+        keep: which candidates the check can run (its own restrictions: a model with frozen
+            parameters, a tensor-parallel mesh).
+
+    Raises:
+        KeyError: ``clause`` is not one of the contract's clauses.
+    """
+    scope = {axis: tuple(allowed) for axis, allowed in CLAUSES[clause].scope}
+    pool: list[Scenario] = []
+    for row in candidates(worlds):
+        s = row.scenario
+        if row.fmt == FORMATS[0] and _in_scope(s, scope) and keep(s):
+            pool.append(s)
+    taken = [
+        {(axis, value) for axis, values in scenario_axes(s).items() for value in values}
+        for s in pool
+    ]
+    missing = set().union(*taken) if taken else set()
+    missing = {(axis, v) for axis, v in missing if axis not in scope or v in scope[axis]}
+    chosen: list[Scenario] = []
+    while missing:
+        best = max(range(len(pool)), key=lambda i: len(taken[i] & missing))
+        chosen.append(pool[best])
+        missing -= taken[best]
+    return tuple(chosen)
+
+
+def covering_examples(
+    clause: str,
+    keep: Callable[[Scenario], bool] = lambda scenario: True,
+    adapt: Callable[[Scenario], Any] = lambda scenario: scenario,
+    *,
+    argname: str | None = None,
+    share: int = 10,
+) -> Callable[[T], T]:
+    """Decorate a Hypothesis check of ``clause``: it also runs :func:`value_cover`'s
+    scenarios as explicit examples, and draws as many fewer random ones (at least one), so
+    its cost stays what its profile gives it.
+
+    Args:
+        clause: whose scope the scenarios cover.
+        keep: which candidates the check can run.
+        adapt: fits a scenario to the check (its plan, activation checkpointing), or makes
+            the check's argument of it (a :class:`CkptPlan`).
+        argname: the check's argument, by keyword (default: the first, by position).
+        share: the check's examples under ``ci`` (as :func:`~suites.lib.controller.
+            scenarios.examples`; scaled like the active profile).
+
+    Raises:
+        ValueError: ``adapt`` changed a scenario's axis values (the coverage would be wrong).
+    """
+    values = []
+    for s in value_cover(tuple(available_world_sizes()), clause, keep):
+        fitted = adapt(s)
+        if isinstance(fitted, Scenario) and scenario_axes(fitted) != scenario_axes(s):
+            raise ValueError(
+                f"covering_examples({clause!r}): adapt changed the axes of a scenario from "
+                f"{scenario_axes(s)} to {scenario_axes(fitted)}; it may change only what "
+                "the axes do not name (plan, optimizer, activation checkpointing)"
+            )
+        values.append(fitted)
+
+    def decorate(test: T) -> T:
+        for value in reversed(values):
+            test = example(**{argname: value})(test) if argname else example(value)(test)
+        draws = max(1, share * settings().max_examples // 10 - len(values))
+        return settings(max_examples=draws)(test)
+
+    return decorate
+
+
+def covering_rows(
+    clause: str,
+    keep: Callable[[Scenario], bool] = lambda scenario: True,
+    formats: Sequence[str] = FORMATS,
+) -> list[CoverRow]:
+    """:func:`value_cover`'s scenarios for ``clause`` at the session's world sizes, each with
+    one of ``formats`` in turn (both formats are taken once there are two rows)."""
+    worlds = tuple(available_world_sizes())
+    return [
+        CoverRow(s, formats[i % len(formats)])
+        for i, s in enumerate(value_cover(worlds, clause, keep))
+    ]
+
+
+def round_trip_plan(row: CoverRow, requested: tuple[str, ...] = ("counter",)) -> CkptPlan:
+    """The checkpoint plan of ``row``: saved and loaded with the row's options, the loading
+    side with another init and learning rate (a loader that does nothing is caught), every
+    kind of metadata saved and ``requested`` asked back."""
+    s = row.scenario
+    load = dataclasses.replace(
+        s,
+        model=dataclasses.replace(s.model, seed=s.model.seed + 1000),
+        optim=dataclasses.replace(s.optim, lr=s.optim.lr * 2),
+    )
+    return CkptPlan(save=s, fmt=row.fmt, load=load, meta=META_KINDS, requested=requested)

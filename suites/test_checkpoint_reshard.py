@@ -24,6 +24,7 @@ from suites.lib.controller.checkpoint_checks import (
     convert_offline,
 )
 from suites.lib.controller.checkpoint_plans import ckpt_plans
+from suites.lib.controller.covering import CoverRow, covering_rows, reshard_plan
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.regressions import SHARDED_1X2_TO_2X2
 from suites.lib.controller.scenarios import examples
@@ -66,6 +67,19 @@ def test_reshard_save_at_a_load_at_b(
     saved = run(save_rank, plan, path, world_size=worlds[0])
     assert saved[0]["world_size"] == worlds[0]
     loaded = run(load_rank, plan, path, world_size=worlds[1])
+    assert_loaded_equals_saved(plan, saved, loaded, clause="CKPT-RT-3")
+
+
+@pytest.mark.clause("CKPT-RT-3")
+@pytest.mark.parametrize("row", covering_rows("CKPT-RT-3"), ids=lambda row: row.id)
+def test_reshard_across_the_space(row: CoverRow, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Each covering configuration saved at its world size, loaded at the largest other."""
+    plan = reshard_plan(row)
+    if plan is None:
+        pytest.skip("environment: resharding needs two world sizes; this session runs one")
+    path = path_for(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()), row.fmt)
+    saved = run(save_rank, plan, path, world_size=plan.save.world_size)
+    loaded = run(load_rank, plan, path, world_size=plan.load.world_size)
     assert_loaded_equals_saved(plan, saved, loaded, clause="CKPT-RT-3")
 
 

@@ -17,7 +17,12 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from harness import RankContext
-from suites.lib.controller.covering import covering_examples, richest_block
+from suites.lib.controller.covering import (
+    CoverRow,
+    covering_examples,
+    covering_rows,
+    richest_block,
+)
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.oracles import (
     assert_close_state,
@@ -138,7 +143,9 @@ def _prewrapped_rank(ctx: RankContext, scenario: Scenario) -> dict[str, Any]:
     strategy = ctx.make_strategy("fsdp", **scenario.options())
     strategy.setup_environment()
     zoo = build_model(scenario.model, ctx.device)
-    zoo.blocks[0] = FSDP(zoo.blocks[0], device_id=ctx.device)  # the user's own unit
+    # the user's own unit, with the original parameters like the strategy's (frozen ones
+    # cannot share a flat parameter with trainable ones otherwise)
+    zoo.blocks[0] = FSDP(zoo.blocks[0], device_id=ctx.device, use_orig_params=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model = strategy.setup_module(zoo)
@@ -149,15 +156,28 @@ def _prewrapped_rank(ctx: RankContext, scenario: Scenario) -> dict[str, Any]:
 
 @pytest.mark.clause("WRAP-2")
 def test_a_module_the_user_wrapped_is_kept_and_the_policy_ignored() -> None:
-    scenario = _small_scenario(job_world(), wrap=WrapSpec("classes", ("Block",)))
+    _check_prewrapped(_small_scenario(job_world(), wrap=WrapSpec("classes", ("Block",))))
+
+
+@pytest.mark.clause("WRAP-2")
+@pytest.mark.parametrize("row", covering_rows("WRAP-2"), ids=lambda row: row.id)
+def test_a_module_the_user_wrapped_is_kept_across_the_space(row: CoverRow) -> None:
+    """Every wrap kind, world size and model of the clause's scope (``blocks.0`` wrapped by
+    the user)."""
+    _check_prewrapped(row.scenario)
+
+
+def _check_prewrapped(scenario: Scenario) -> None:
+    config = scenario.strategy
+    assert isinstance(config, FSDPConfig)
     for rank, out in enumerate(run(_prewrapped_rank, scenario, world_size=scenario.world_size)):
         assert out["units"] == ["", "blocks.0"], (
             f"rank {rank}: units {out['units']}: the user's unit must be kept and the policy "
             "must not wrap blocks.1"
         )
-        assert any("wrap" in w.lower() for w in out["warnings"]), (
-            f"rank {rank}: no warning that the auto-wrap policy is ignored; got {out['warnings']}"
-        )
+        assert config.wrap.kind == "none" or any(  # no policy: nothing to ignore
+            "wrap" in w.lower() for w in out["warnings"]
+        ), f"rank {rank}: no warning that the auto-wrap policy is ignored; got {out['warnings']}"
 
 
 def _ac_rank(ctx: Any, scenario: Scenario) -> dict[str, list[str]]:

@@ -186,7 +186,13 @@ SHARDING = Section(
             "WRAP-2",
             "A module the user wrapped already is left as it is; the auto-wrap policy is then "
             "ignored and a warning says so.",
-            scope=(("family", ("fsdp",)),),
+            # the user's own unit is built with FSDP's defaults (full sharding, float32): a
+            # root of another sharding or precision around it is a mix torch does not support
+            scope=(
+                ("family", ("fsdp",)),
+                ("sharding", ("FULL_SHARD",)),
+                ("precision", ("32-true",)),
+            ),
         ),
         Clause(
             "AC-1",

@@ -66,6 +66,7 @@ __all__ = [
     "cover_rows",
     "covering_examples",
     "covering_rows",
+    "reshard_plan",
     "richest_block",
     "round_trip_plan",
     "universe",
@@ -409,3 +410,30 @@ def round_trip_plan(row: CoverRow, requested: tuple[str, ...] = ("counter",)) ->
         optim=dataclasses.replace(s.optim, lr=s.optim.lr * 2),
     )
     return CkptPlan(save=s, fmt=row.fmt, load=load, meta=META_KINDS, requested=requested)
+
+
+def reshard_plan(row: CoverRow) -> CkptPlan | None:
+    """:func:`round_trip_plan` of ``row`` loaded at another world size: the largest other
+    one the session can run, with the row's options fitted to it (a hybrid mesh of that
+    world; model_parallel as data-parallel only, which every width divides). None when the
+    session runs one world size only (attach mode)."""
+    plan = round_trip_plan(row)
+    save = plan.save
+    others = [w for w in available_world_sizes() if w != save.world_size]
+    if not others:
+        return None
+    world = max(others)
+    config: FSDPConfig | MPConfig
+    if isinstance(save.strategy, FSDPConfig):
+        strategy = save.strategy.sharding_strategy
+        if "HYBRID" in strategy and world < 2:
+            strategy = "FULL_SHARD"
+        config = dataclasses.replace(
+            save.strategy, sharding_strategy=strategy, device_mesh=_mesh(strategy, world)
+        )
+    else:
+        config = dataclasses.replace(
+            save.strategy, data_parallel_size=world, tensor_parallel_size=1, tp_plan="none"
+        )
+    load = dataclasses.replace(plan.load, world_size=world, strategy=config)
+    return dataclasses.replace(plan, load=load)

@@ -35,6 +35,7 @@ from suites.lib.controller.covering import (
     CoverRow,
     covering_examples,
     covering_rows,
+    other_family_plan,
     round_trip_plan,
 )
 from suites.lib.controller.dispatch import run
@@ -294,6 +295,21 @@ def test_full_checkpoint_loads_into_the_other_family(
     source: str, target: str, data: st.DataObject, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     plan = data.draw(ckpt_plans(source, "full", load_family=target, reshard=True), label="plan")
+    _check_other_family(plan, tmp_path_factory)
+
+
+@pytest.mark.clause("CKPT-RT-6")
+@pytest.mark.parametrize(
+    "row", covering_rows("CKPT-RT-6", formats=("full",)), ids=lambda row: row.id
+)
+def test_full_checkpoint_loads_into_the_other_family_across_the_space(
+    row: CoverRow, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Each covering configuration's full checkpoint, loaded into the other family."""
+    _check_other_family(other_family_plan(row), tmp_path_factory)
+
+
+def _check_other_family(plan: CkptPlan, tmp_path_factory: pytest.TempPathFactory) -> None:
     path = path_for(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()), "full")
     saved = run(save_rank, plan, path, world_size=plan.save.world_size)
     loaded = run(load_rank, plan, path, world_size=plan.load.world_size)

@@ -139,6 +139,8 @@ CHECKPOINTS = Section(
         Clause(
             "CKPT-RT-6",
             "A full checkpoint written by one family loads into the other family.",
+            # a full checkpoint, at a precision both families take
+            scope=(("checkpoint", ("full",)), ("precision", ("32-true", "bf16-mixed"))),
         ),
         Clause(
             "CKPT-SAVE-6",

@@ -66,6 +66,7 @@ __all__ = [
     "cover_rows",
     "covering_examples",
     "covering_rows",
+    "other_family_plan",
     "reshard_plan",
     "richest_block",
     "round_trip_plan",
@@ -437,3 +438,22 @@ def reshard_plan(row: CoverRow) -> CkptPlan | None:
         )
     load = dataclasses.replace(plan.load, world_size=world, strategy=config)
     return dataclasses.replace(plan, load=load)
+
+
+def other_family_plan(row: CoverRow) -> CkptPlan:
+    """:func:`round_trip_plan` of ``row`` (a full checkpoint) loaded into the other family at
+    the same world size, with that family's plainest options: FULL_SHARD without a policy,
+    or data parallel over the whole world with the root as the only ``fully_shard`` unit."""
+    plan = round_trip_plan(row)
+    save = plan.save
+    config: FSDPConfig | MPConfig
+    if isinstance(save.strategy, FSDPConfig):
+        config = MPConfig(
+            data_parallel_size=save.world_size,
+            tensor_parallel_size=1,
+            tp_plan="none",
+            precision=save.precision,
+        )
+    else:
+        config = FSDPConfig(precision=save.precision)
+    return dataclasses.replace(plan, load=dataclasses.replace(plan.load, strategy=config))

@@ -24,12 +24,19 @@ from suites.lib.controller.checkpoint_checks import (
     convert_offline,
 )
 from suites.lib.controller.checkpoint_plans import ckpt_plans
-from suites.lib.controller.covering import CoverRow, covering_rows, reshard_plan
+from suites.lib.controller.covering import (
+    CoverRow,
+    covering_examples,
+    covering_rows,
+    reshard_plan,
+    round_trip_plan,
+)
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.regressions import SHARDED_1X2_TO_2X2
 from suites.lib.controller.scenarios import examples
 from suites.lib.ranks.checkpoint_jobs import load_rank, path_for, save_rank
 from suites.lib.shared.checkpoint_specs import CkptPlan
+from suites.lib.shared.specs import Scenario
 
 #: (family, format, save world, load world): both families and formats, shrinking and growing
 RESHARD_CASES = [
@@ -83,8 +90,13 @@ def test_reshard_across_the_space(row: CoverRow, tmp_path_factory: pytest.TempPa
     assert_loaded_equals_saved(plan, saved, loaded, clause="CKPT-RT-3")
 
 
+def _sharded_reshard(scenario: Scenario) -> CkptPlan:
+    row = CoverRow(scenario, "sharded")
+    return reshard_plan(row) or round_trip_plan(row)
+
+
 @pytest.mark.clause("CKPT-RT-4")
-@examples(3)
+@covering_examples("CKPT-RT-4", adapt=_sharded_reshard, argname="plan", share=3)
 @given(plan=ckpt_plans(fmt="sharded", reshard=True))
 @example(plan=SHARDED_1X2_TO_2X2)
 def test_sharded_converted_offline_loads_and_resaves_equal(

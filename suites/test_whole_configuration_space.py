@@ -21,7 +21,9 @@ value too:
   compare what the two read back, bitwise (CKPT-RT-1 for full checkpoints, CKPT-RT-2 for
   sharded), the format on disk (MP-3 for the model-parallel family), the keys and buffers
   (CKPT-BUF-1), the metadata (CKPT-LOAD-2, CKPT-SAVE-4), then one more step with both: the
-  same parameters (CKPT-STRICT-3: the loaded optimizer state is complete).
+  same parameters (CKPT-STRICT-3: the loaded optimizer state is complete; CKPT-RT-5: two
+  steps, a save, a load into new objects and one more step end bitwise where three steps
+  without stopping end).
 """
 
 from __future__ import annotations
@@ -54,7 +56,15 @@ from suites.lib.ranks.training import RankResult
 from suites.lib.shared.specs import Scenario
 
 WORLDS = tuple(available_world_sizes())
-COMMON = ("TRAIN-1", "SYNC-1", "CLIP-1", "SHARD-2", "CKPT-SAVE-7", "CKPT-STRICT-3")
+COMMON = (
+    "TRAIN-1",
+    "SYNC-1",
+    "CLIP-1",
+    "SHARD-2",
+    "CKPT-SAVE-7",
+    "CKPT-STRICT-3",
+    "CKPT-RT-5",
+)
 #: the precision clause of each precision (the stored dtypes of parameters and state)
 PRECISION_CLAUSE = {
     "32-true": "PREC-1",

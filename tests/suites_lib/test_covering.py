@@ -2,8 +2,23 @@
 
 from __future__ import annotations
 
-from harness.conformance.coverage import pairs_of
-from suites.lib.controller.covering import COVER_MODELS, candidates, cover_rows, universe
+import dataclasses
+
+import pytest
+
+from harness.clauses import CLAUSES
+from harness.conformance.coverage import in_scope, pairs_of, values_of
+from suites.lib.controller.covering import (
+    COVER_MODELS,
+    candidates,
+    cover_rows,
+    covering_examples,
+    covering_rows,
+    other_family_plan,
+    reshard_plan,
+    universe,
+    value_cover,
+)
 from suites.lib.controller.scenarios import valid_wrap
 from suites.lib.shared.axes import scenario_axes
 from suites.lib.shared.specs import FSDPConfig, MPConfig
@@ -68,3 +83,77 @@ def test_a_smaller_world_gives_a_smaller_space_without_the_larger_sizes() -> Non
     assert small < universe(WORLDS)  # the same configurations, fewer world sizes
     assert not any(p[0] == "world_size" and p[1] in ("3", "4") for p in small)
     assert not any(p[2] == "world_size" and p[3] in ("3", "4") for p in small)
+
+
+def _values(scenarios: list, scope: dict) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for s in scenarios:
+        for axis, values in scenario_axes(s).items():
+            found.setdefault(axis, set()).update(v for v in values if v in scope.get(axis, values))
+    return found
+
+
+def test_a_value_cover_takes_every_value_of_the_clause_scope_in_few_scenarios() -> None:
+    shard = value_cover(WORLDS, "SHARD-1")  # the fsdp family, FULL_SHARD and SHARD_GRAD_OP
+    scope = dict(CLAUSES["SHARD-1"].scope)
+    declared = in_scope(universe(WORLDS), scope)
+    declared.pop("checkpoint")  # the value cover takes scenarios; formats are the caller's
+    assert _values(list(shard), scope) == declared
+    assert {s.family for s in shard} == {"fsdp"}
+    assert len(shard) == 6  # the widest axis: six fsdp wrap kinds
+    both = value_cover(WORLDS, "TRAIN-1")  # no scope: both families, ten wrap kinds
+    assert _values(list(both), {}) == {
+        axis: values for axis, values in values_of(universe(WORLDS)).items() if axis != "checkpoint"
+    }
+    assert len(both) == 10
+    assert value_cover(WORLDS, "TRAIN-1") == both  # deterministic
+
+
+def test_a_value_cover_keeps_only_what_the_check_can_run_and_honours_the_scope() -> None:
+    tied = value_cover(WORLDS, "TRAIN-2", keep=lambda s: s.model.tied)
+    assert tied and all(s.model.tied for s in tied)
+    uneven = value_cover(WORLDS, "TRAIN-3")  # world sizes 2-4, layouts that split a parameter
+    assert {s.world_size for s in uneven} == {2, 3, 4}
+    assert not {"NO_SHARD", "one rank", "tp"} & {scenario_axes(s)["sharding"][0] for s in uneven}
+    rt6 = value_cover(WORLDS, "CKPT-RT-6")
+    assert {s.precision for s in rt6} == {"32-true", "bf16-mixed"}
+
+
+def test_covering_examples_refuse_an_adapt_that_changes_the_axes() -> None:
+    with pytest.raises(ValueError, match="adapt changed the axes"):
+        covering_examples(
+            "SHARD-1", adapt=lambda s: dataclasses.replace(s, world_size=s.world_size + 1)
+        )
+
+
+def test_covering_examples_replace_random_draws_and_keep_at_least_one() -> None:
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    seen: list[object] = []
+
+    @covering_examples("SHARD-1", share=3)
+    @given(st.none())
+    def check(scenario: object) -> None:
+        seen.append(scenario)
+
+    check()
+    covering = [s for s in seen if s is not None]
+    assert len(covering) == 6  # every scenario of the value cover, as explicit examples
+    assert len(seen) - len(covering) >= 1  # and at least one random draw
+
+
+def test_reshard_and_other_family_plans_fit_the_options_to_the_load_side() -> None:
+    for row in covering_rows("CKPT-RT-3"):
+        plan = reshard_plan(row)
+        assert plan is not None and plan.load.world_size != plan.save.world_size, row.id
+        config = plan.load.strategy
+        if isinstance(config, FSDPConfig) and config.device_mesh is not None:
+            assert config.device_mesh[0] * config.device_mesh[1] == plan.load.world_size
+        if isinstance(config, MPConfig):
+            assert config.data_parallel_size == plan.load.world_size
+    for row in covering_rows("CKPT-RT-6", formats=("full",)):
+        plan = other_family_plan(row)
+        assert plan.load.family != plan.save.family, row.id
+        assert plan.load.world_size == plan.save.world_size
+        assert plan.load.precision == plan.save.precision

@@ -36,7 +36,8 @@ from harness import RankFailure
 from harness.api import current_config
 from suites.lib.controller.checkpoint_checks import assert_same_model, assert_same_optim
 from suites.lib.controller.checkpoint_plans import ckpt_plans
-from suites.lib.controller.covering import CoverRow, covering_rows, round_trip_plan
+from suites.lib.controller.clause_covers import covering_rows, round_trip_plan
+from suites.lib.controller.covering import CoverRow
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.scenarios import examples
 from suites.lib.ranks.checkpoint_jobs import build, path_for, read_state, train_plan

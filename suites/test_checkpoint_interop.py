@@ -31,14 +31,14 @@ from suites.lib.controller.checkpoint_checks import (
     standard_form,
 )
 from suites.lib.controller.checkpoint_plans import ckpt_plans
-from suites.lib.controller.covering import (
-    CoverRow,
+from suites.lib.controller.clause_covers import (
     covering_examples,
     covering_rows,
     other_family_plan,
     reshard_plan,
     round_trip_plan,
 )
+from suites.lib.controller.covering import CoverRow
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.oracles import expected_dtypes, named_optim_state, plain_train
 from suites.lib.controller.regressions import FULL_1X2_TO_2X2

@@ -24,13 +24,13 @@ from suites.lib.controller.checkpoint_checks import (
     convert_offline,
 )
 from suites.lib.controller.checkpoint_plans import ckpt_plans
-from suites.lib.controller.covering import (
-    CoverRow,
+from suites.lib.controller.clause_covers import (
     covering_examples,
     covering_rows,
     reshard_plan,
     round_trip_plan,
 )
+from suites.lib.controller.covering import CoverRow
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.regressions import SHARDED_1X2_TO_2X2
 from suites.lib.controller.scenarios import examples

@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 
 from suites.lib.controller.checkpoint_checks import check_refusal, tree_diff
 from suites.lib.controller.checkpoint_plans import ckpt_plans
-from suites.lib.controller.covering import CoverRow, covering_rows, round_trip_plan
+from suites.lib.controller.clause_covers import covering_rows, round_trip_plan
+from suites.lib.controller.covering import CoverRow
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.scenarios import examples
 from suites.lib.ranks.checkpoint_jobs import attempt, build, read_state, train_plan

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import example, given
 
 from harness import RankContext
-from suites.lib.controller.covering import covering_examples
+from suites.lib.controller.clause_covers import covering_examples
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.oracles import assert_parity
 from suites.lib.controller.scenarios import meshes, scenarios, train_plans, world_sizes

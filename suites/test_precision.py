@@ -11,7 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from suites.lib.controller.covering import covering_examples
+from suites.lib.controller.clause_covers import covering_examples
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.oracles import (
     assert_close,

@@ -17,12 +17,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from harness import RankContext
-from suites.lib.controller.covering import (
-    CoverRow,
-    covering_examples,
-    covering_rows,
-    richest_block,
-)
+from suites.lib.controller.clause_covers import covering_examples, covering_rows
+from suites.lib.controller.covering import CoverRow, richest_block
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.oracles import (
     assert_close_state,

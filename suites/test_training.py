@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from harness import RankContext
-from suites.lib.controller.covering import covering_examples
+from suites.lib.controller.clause_covers import covering_examples
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.oracles import (
     assert_close,

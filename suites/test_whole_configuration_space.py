@@ -41,7 +41,8 @@ from suites.lib.controller.checkpoint_checks import (
     check_round_trip,
     tree_diff,
 )
-from suites.lib.controller.covering import CoverRow, cover_rows, round_trip_plan, universe
+from suites.lib.controller.clause_covers import round_trip_plan
+from suites.lib.controller.covering import CoverRow, cover_rows, universe
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.oracles import (
     assert_close,

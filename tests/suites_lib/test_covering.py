@@ -8,17 +8,14 @@ import pytest
 
 from harness.clauses import CLAUSES
 from harness.conformance.coverage import in_scope, pairs_of, values_of
-from suites.lib.controller.covering import (
-    COVER_MODELS,
-    candidates,
-    cover_rows,
+from suites.lib.controller.clause_covers import (
     covering_examples,
     covering_rows,
     other_family_plan,
     reshard_plan,
-    universe,
     value_cover,
 )
+from suites.lib.controller.covering import COVER_MODELS, candidates, cover_rows, universe
 from suites.lib.controller.scenarios import valid_wrap
 from suites.lib.shared.axes import scenario_axes
 from suites.lib.shared.specs import FSDPConfig, MPConfig

@@ -16,14 +16,8 @@ instead:
   the universe is taken by at least one of them (a pairwise covering design). The suite
   ``suites/test_whole_configuration_space.py`` runs each row in every profile, so the ``ci`` run
   exercises every supported pair by construction, not by luck.
-- :func:`value_cover` and :func:`covering_examples` do the same for one clause's own check,
-  one value at a time: the fewest candidates the check can run that take, among them, every
-  value of each axis inside the clause's scope, given to the check as explicit Hypothesis
-  examples. They take the place of as many of the profile's random draws, so a check costs
-  what it did and reaches every (clause, value) pair in every profile. A check that draws
-  inside its body (``st.data()``: Hypothesis gives such a check no explicit example) gets a
-  sibling check parametrized by :func:`covering_rows` instead, each row with a checkpoint
-  format in turn and :func:`round_trip_plan` to make its plan.
+- :mod:`suites.lib.controller.clause_covers` does the same for one clause's own checks, one
+  value at a time, from these candidates.
 
 The rows depend only on the world sizes the session can run (``--nproc``, attach mode), so a
 row's check id is the same in every run.
@@ -31,24 +25,14 @@ row's check id is the same in every run.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
 
-from hypothesis import example, settings
-
-from harness.clauses import CLAUSES
 from harness.conformance.coverage import pairs_of
-from suites.lib.controller.scenarios import (
-    MP_PRECISIONS,
-    SHARDING_STRATEGIES,
-    available_world_sizes,
-    valid_wrap,
-)
+from suites.lib.controller.scenarios import MP_PRECISIONS, SHARDING_STRATEGIES, valid_wrap
 from suites.lib.shared.axes import scenario_axes
-from suites.lib.shared.checkpoint_specs import FORMATS, META_KINDS, CkptPlan
+from suites.lib.shared.checkpoint_specs import FORMATS
 from suites.lib.shared.models import BlockSpec, ModelSpec, build_model
 from suites.lib.shared.specs import (
     FSDPConfig,
@@ -64,17 +48,10 @@ __all__ = [
     "CoverRow",
     "candidates",
     "cover_rows",
-    "covering_examples",
-    "covering_rows",
-    "other_family_plan",
-    "reshard_plan",
+    "hybrid_mesh",
     "richest_block",
-    "round_trip_plan",
     "universe",
-    "value_cover",
 ]
-
-T = TypeVar("T", bound=Callable[..., Any])
 
 #: precisions of the fsdp family, in the order rows prefer them
 FSDP_COVER_PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
@@ -201,7 +178,7 @@ def _present(model: ModelSpec) -> set[str]:
     return {b.kind for b in model.blocks} | ({"Block"} if model.shared else set())
 
 
-def _mesh(strategy: str, world: int) -> tuple[int, int] | None:
+def hybrid_mesh(strategy: str, world: int) -> tuple[int, int] | None:
     """The hybrid mesh of ``world`` ranks (replicas x shard group; both > 1 where possible)."""
     if "HYBRID" not in strategy:
         return None
@@ -228,7 +205,7 @@ def _fsdp_candidates(worlds: Sequence[int]) -> Iterator[Scenario]:
                                 sharding_strategy=strategy,
                                 wrap=_fsdp_wrap(wrap, model),
                                 precision=precision,
-                                device_mesh=_mesh(strategy, world),
+                                device_mesh=hybrid_mesh(strategy, world),
                             ),
                             optim=_optim(precision, index),
                             plan=_plan(precision, index),
@@ -297,163 +274,3 @@ def cover_rows(worlds: tuple[int, ...]) -> tuple[CoverRow, ...]:
         chosen.append(rows[best])
         missing -= pairs[best]
     return tuple(chosen)
-
-
-def _in_scope(scenario: Scenario, scope: dict[str, tuple[str, ...]]) -> bool:
-    axes = scenario_axes(scenario)
-    return all(set(axes[axis]) & set(allowed) for axis, allowed in scope.items() if axis in axes)
-
-
-def value_cover(
-    worlds: Sequence[int],
-    clause: str,
-    keep: Callable[[Scenario], bool] = lambda scenario: True,
-) -> tuple[Scenario, ...]:
-    """The fewest candidates (greedily, deterministically) that ``keep`` accepts and that
-    among them take every value of each axis inside ``clause``'s scope
-    (:attr:`harness.clauses.Clause.scope`; the checkpoint format is not an axis here).
-
-    Args:
-        worlds: the world sizes the session can run.
-        clause: the clause whose check gets the scenarios.
-        keep: which candidates the check can run (its own restrictions: a model with frozen
-            parameters, a tensor-parallel mesh).
-
-    Raises:
-        KeyError: ``clause`` is not one of the contract's clauses.
-    """
-    scope = {axis: tuple(allowed) for axis, allowed in CLAUSES[clause].scope}
-    pool: list[Scenario] = []
-    for row in candidates(worlds):
-        s = row.scenario
-        if row.fmt == FORMATS[0] and _in_scope(s, scope) and keep(s):
-            pool.append(s)
-    taken = [
-        {(axis, value) for axis, values in scenario_axes(s).items() for value in values}
-        for s in pool
-    ]
-    missing = set().union(*taken) if taken else set()
-    missing = {(axis, v) for axis, v in missing if axis not in scope or v in scope[axis]}
-    chosen: list[Scenario] = []
-    while missing:
-        best = max(range(len(pool)), key=lambda i: len(taken[i] & missing))
-        chosen.append(pool[best])
-        missing -= taken[best]
-    return tuple(chosen)
-
-
-def covering_examples(
-    clause: str,
-    keep: Callable[[Scenario], bool] = lambda scenario: True,
-    adapt: Callable[[Scenario], Any] = lambda scenario: scenario,
-    *,
-    argname: str | None = None,
-    share: int = 10,
-) -> Callable[[T], T]:
-    """Decorate a Hypothesis check of ``clause``: it also runs :func:`value_cover`'s
-    scenarios as explicit examples, and draws as many fewer random ones (at least one), so
-    its cost stays what its profile gives it.
-
-    Args:
-        clause: whose scope the scenarios cover.
-        keep: which candidates the check can run.
-        adapt: fits a scenario to the check (its plan, activation checkpointing), or makes
-            the check's argument of it (a :class:`CkptPlan`).
-        argname: the check's argument, by keyword (default: the first, by position).
-        share: the check's examples under ``ci`` (as :func:`~suites.lib.controller.
-            scenarios.examples`; scaled like the active profile).
-
-    Raises:
-        ValueError: ``adapt`` changed a scenario's axis values (the coverage would be wrong).
-    """
-    values = []
-    for s in value_cover(tuple(available_world_sizes()), clause, keep):
-        fitted = adapt(s)
-        if isinstance(fitted, Scenario) and scenario_axes(fitted) != scenario_axes(s):
-            raise ValueError(
-                f"covering_examples({clause!r}): adapt changed the axes of a scenario from "
-                f"{scenario_axes(s)} to {scenario_axes(fitted)}; it may change only what "
-                "the axes do not name (plan, optimizer, activation checkpointing)"
-            )
-        values.append(fitted)
-
-    def decorate(test: T) -> T:
-        for value in reversed(values):
-            test = example(**{argname: value})(test) if argname else example(value)(test)
-        draws = max(1, share * settings().max_examples // 10 - len(values))
-        return settings(max_examples=draws)(test)
-
-    return decorate
-
-
-def covering_rows(
-    clause: str,
-    keep: Callable[[Scenario], bool] = lambda scenario: True,
-    formats: Sequence[str] = FORMATS,
-) -> list[CoverRow]:
-    """:func:`value_cover`'s scenarios for ``clause`` at the session's world sizes, each with
-    one of ``formats`` in turn (both formats are taken once there are two rows)."""
-    worlds = tuple(available_world_sizes())
-    return [
-        CoverRow(s, formats[i % len(formats)])
-        for i, s in enumerate(value_cover(worlds, clause, keep))
-    ]
-
-
-def round_trip_plan(row: CoverRow, requested: tuple[str, ...] = ("counter",)) -> CkptPlan:
-    """The checkpoint plan of ``row``: saved and loaded with the row's options, the loading
-    side with another init and learning rate (a loader that does nothing is caught), every
-    kind of metadata saved and ``requested`` asked back."""
-    s = row.scenario
-    load = dataclasses.replace(
-        s,
-        model=dataclasses.replace(s.model, seed=s.model.seed + 1000),
-        optim=dataclasses.replace(s.optim, lr=s.optim.lr * 2),
-    )
-    return CkptPlan(save=s, fmt=row.fmt, load=load, meta=META_KINDS, requested=requested)
-
-
-def reshard_plan(row: CoverRow) -> CkptPlan | None:
-    """:func:`round_trip_plan` of ``row`` loaded at another world size: the largest other
-    one the session can run, with the row's options fitted to it (a hybrid mesh of that
-    world; model_parallel as data-parallel only, which every width divides). None when the
-    session runs one world size only (attach mode)."""
-    plan = round_trip_plan(row)
-    save = plan.save
-    others = [w for w in available_world_sizes() if w != save.world_size]
-    if not others:
-        return None
-    world = max(others)
-    config: FSDPConfig | MPConfig
-    if isinstance(save.strategy, FSDPConfig):
-        strategy = save.strategy.sharding_strategy
-        if "HYBRID" in strategy and world < 2:
-            strategy = "FULL_SHARD"
-        config = dataclasses.replace(
-            save.strategy, sharding_strategy=strategy, device_mesh=_mesh(strategy, world)
-        )
-    else:
-        config = dataclasses.replace(
-            save.strategy, data_parallel_size=world, tensor_parallel_size=1, tp_plan="none"
-        )
-    load = dataclasses.replace(plan.load, world_size=world, strategy=config)
-    return dataclasses.replace(plan, load=load)
-
-
-def other_family_plan(row: CoverRow) -> CkptPlan:
-    """:func:`round_trip_plan` of ``row`` (a full checkpoint) loaded into the other family at
-    the same world size, with that family's plainest options: FULL_SHARD without a policy,
-    or data parallel over the whole world with the root as the only ``fully_shard`` unit."""
-    plan = round_trip_plan(row)
-    save = plan.save
-    config: FSDPConfig | MPConfig
-    if isinstance(save.strategy, FSDPConfig):
-        config = MPConfig(
-            data_parallel_size=save.world_size,
-            tensor_parallel_size=1,
-            tp_plan="none",
-            precision=save.precision,
-        )
-    else:
-        config = FSDPConfig(precision=save.precision)
-    return dataclasses.replace(plan, load=dataclasses.replace(plan.load, strategy=config))

@@ -1,0 +1,204 @@
+"""Per-clause value covers: each configuration-dependent clause reaches every value of its scope.
+
+The pairwise cover (:mod:`suites.lib.controller.covering`) takes every pair of values, but
+only for the clauses its one rank job checks. A clause checked elsewhere reaches only what its
+own checks draw, and under the derandomized ``ci`` profile nothing guarantees that a given
+value is among them. This module gives each such check, from the same candidates:
+
+- :func:`value_cover`: the fewest configurations the check can run that take, among them,
+  every value of each axis inside the clause's scope (:attr:`harness.clauses.Clause.scope`);
+- :func:`covering_examples`: those configurations as explicit Hypothesis examples, in place
+  of as many of the profile's random draws, so the check costs about what it did;
+- :func:`covering_rows`: the same as :class:`~suites.lib.controller.covering.CoverRow` values
+  with a checkpoint format in turn, for a sibling check of a check that draws inside its body
+  (``st.data()``: Hypothesis gives such a check no explicit example);
+- :func:`round_trip_plan`, :func:`reshard_plan`, :func:`other_family_plan`: the checkpoint
+  plan of a row, loaded with its own options, at another world size, or into the other
+  family.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from hypothesis import example, settings
+
+from harness.clauses import CLAUSES
+from suites.lib.controller.covering import CoverRow, candidates, hybrid_mesh
+from suites.lib.controller.scenarios import available_world_sizes
+from suites.lib.shared.axes import scenario_axes
+from suites.lib.shared.checkpoint_specs import FORMATS, META_KINDS, CkptPlan
+from suites.lib.shared.specs import FSDPConfig, MPConfig, Scenario
+
+__all__ = [
+    "covering_examples",
+    "covering_rows",
+    "other_family_plan",
+    "reshard_plan",
+    "round_trip_plan",
+    "value_cover",
+]
+
+T = TypeVar("T", bound=Callable[..., Any])
+
+
+def _in_scope(scenario: Scenario, scope: dict[str, tuple[str, ...]]) -> bool:
+    axes = scenario_axes(scenario)
+    return all(set(axes[axis]) & set(allowed) for axis, allowed in scope.items() if axis in axes)
+
+
+def value_cover(
+    worlds: Sequence[int],
+    clause: str,
+    keep: Callable[[Scenario], bool] = lambda scenario: True,
+) -> tuple[Scenario, ...]:
+    """The fewest candidates (greedily, deterministically) that ``keep`` accepts and that
+    among them take every value of each axis inside ``clause``'s scope
+    (:attr:`harness.clauses.Clause.scope`; the checkpoint format is not an axis here).
+
+    Args:
+        worlds: the world sizes the session can run.
+        clause: the clause whose check gets the scenarios.
+        keep: which candidates the check can run (its own restrictions: a model with frozen
+            parameters, a tensor-parallel mesh).
+
+    Raises:
+        KeyError: ``clause`` is not one of the contract's clauses.
+    """
+    scope = {axis: tuple(allowed) for axis, allowed in CLAUSES[clause].scope}
+    pool: list[Scenario] = []
+    for row in candidates(worlds):
+        s = row.scenario
+        if row.fmt == FORMATS[0] and _in_scope(s, scope) and keep(s):
+            pool.append(s)
+    taken = [
+        {(axis, value) for axis, values in scenario_axes(s).items() for value in values}
+        for s in pool
+    ]
+    missing = set().union(*taken) if taken else set()
+    missing = {(axis, v) for axis, v in missing if axis not in scope or v in scope[axis]}
+    chosen: list[Scenario] = []
+    while missing:
+        best = max(range(len(pool)), key=lambda i: len(taken[i] & missing))
+        chosen.append(pool[best])
+        missing -= taken[best]
+    return tuple(chosen)
+
+
+def covering_examples(
+    clause: str,
+    keep: Callable[[Scenario], bool] = lambda scenario: True,
+    adapt: Callable[[Scenario], Any] = lambda scenario: scenario,
+    *,
+    argname: str | None = None,
+    share: int = 10,
+) -> Callable[[T], T]:
+    """Decorate a Hypothesis check of ``clause``: it also runs :func:`value_cover`'s
+    scenarios as explicit examples, and draws as many fewer random ones (at least one), so
+    its cost stays what its profile gives it.
+
+    Args:
+        clause: whose scope the scenarios cover.
+        keep: which candidates the check can run.
+        adapt: fits a scenario to the check (its plan, activation checkpointing), or makes
+            the check's argument of it (a :class:`CkptPlan`).
+        argname: the check's argument, by keyword (default: the first, by position).
+        share: the check's examples under ``ci`` (as :func:`~suites.lib.controller.
+            scenarios.examples`; scaled like the active profile).
+
+    Raises:
+        ValueError: ``adapt`` changed a scenario's axis values (the coverage would be wrong).
+    """
+    values = []
+    for s in value_cover(tuple(available_world_sizes()), clause, keep):
+        fitted = adapt(s)
+        if isinstance(fitted, Scenario) and scenario_axes(fitted) != scenario_axes(s):
+            raise ValueError(
+                f"covering_examples({clause!r}): adapt changed the axes of a scenario from "
+                f"{scenario_axes(s)} to {scenario_axes(fitted)}; it may change only what "
+                "the axes do not name (plan, optimizer, activation checkpointing)"
+            )
+        values.append(fitted)
+
+    def decorate(test: T) -> T:
+        for value in reversed(values):
+            test = example(**{argname: value})(test) if argname else example(value)(test)
+        draws = max(1, share * settings().max_examples // 10 - len(values))
+        return settings(max_examples=draws)(test)
+
+    return decorate
+
+
+def covering_rows(
+    clause: str,
+    keep: Callable[[Scenario], bool] = lambda scenario: True,
+    formats: Sequence[str] = FORMATS,
+) -> list[CoverRow]:
+    """:func:`value_cover`'s scenarios for ``clause`` at the session's world sizes, each with
+    one of ``formats`` in turn (both formats are taken once there are two rows)."""
+    worlds = tuple(available_world_sizes())
+    return [
+        CoverRow(s, formats[i % len(formats)])
+        for i, s in enumerate(value_cover(worlds, clause, keep))
+    ]
+
+
+def round_trip_plan(row: CoverRow, requested: tuple[str, ...] = ("counter",)) -> CkptPlan:
+    """The checkpoint plan of ``row``: saved and loaded with the row's options, the loading
+    side with another init and learning rate (a loader that does nothing is caught), every
+    kind of metadata saved and ``requested`` asked back."""
+    s = row.scenario
+    load = dataclasses.replace(
+        s,
+        model=dataclasses.replace(s.model, seed=s.model.seed + 1000),
+        optim=dataclasses.replace(s.optim, lr=s.optim.lr * 2),
+    )
+    return CkptPlan(save=s, fmt=row.fmt, load=load, meta=META_KINDS, requested=requested)
+
+
+def reshard_plan(row: CoverRow) -> CkptPlan | None:
+    """:func:`round_trip_plan` of ``row`` loaded at another world size: the largest other
+    one the session can run, with the row's options fitted to it (a hybrid mesh of that
+    world; model_parallel as data-parallel only, which every width divides). None when the
+    session runs one world size only (attach mode)."""
+    plan = round_trip_plan(row)
+    save = plan.save
+    others = [w for w in available_world_sizes() if w != save.world_size]
+    if not others:
+        return None
+    world = max(others)
+    config: FSDPConfig | MPConfig
+    if isinstance(save.strategy, FSDPConfig):
+        strategy = save.strategy.sharding_strategy
+        if "HYBRID" in strategy and world < 2:
+            strategy = "FULL_SHARD"
+        config = dataclasses.replace(
+            save.strategy, sharding_strategy=strategy, device_mesh=hybrid_mesh(strategy, world)
+        )
+    else:
+        config = dataclasses.replace(
+            save.strategy, data_parallel_size=world, tensor_parallel_size=1, tp_plan="none"
+        )
+    load = dataclasses.replace(plan.load, world_size=world, strategy=config)
+    return dataclasses.replace(plan, load=load)
+
+
+def other_family_plan(row: CoverRow) -> CkptPlan:
+    """:func:`round_trip_plan` of ``row`` (a full checkpoint) loaded into the other family at
+    the same world size, with that family's plainest options: FULL_SHARD without a policy,
+    or data parallel over the whole world with the root as the only ``fully_shard`` unit."""
+    plan = round_trip_plan(row)
+    save = plan.save
+    config: FSDPConfig | MPConfig
+    if isinstance(save.strategy, FSDPConfig):
+        config = MPConfig(
+            data_parallel_size=save.world_size,
+            tensor_parallel_size=1,
+            tp_plan="none",
+            precision=save.precision,
+        )
+    else:
+        config = FSDPConfig(precision=save.precision)
+    return dataclasses.replace(plan, load=dataclasses.replace(plan.load, strategy=config))

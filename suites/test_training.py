@@ -83,16 +83,8 @@ def _frozen_tied_rank(ctx: Any, scenario: Scenario) -> RankResult:
     return result
 
 
-def _one_micro_batch(scenario: Scenario) -> Scenario:
-    """``scenario`` trained one unclipped micro-batch per step (what the check's ranks do)."""
-    plan = dataclasses.replace(scenario.plan, micro_batches=1, clip=None)
-    return dataclasses.replace(scenario, plan=plan)
-
-
 @pytest.mark.clause("TRAIN-2")
-@covering_examples(
-    "TRAIN-2", keep=lambda s: s.model.tied or bool(s.model.frozen), adapt=_one_micro_batch
-)
+@covering_examples("TRAIN-2", keep=lambda s: s.model.tied or bool(s.model.frozen))
 @given(
     FAMILIES.flatmap(
         lambda family: scenarios(

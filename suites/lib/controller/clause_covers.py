@@ -56,7 +56,10 @@ def value_cover(
 ) -> tuple[Scenario, ...]:
     """The fewest candidates (greedily, deterministically) that ``keep`` accepts and that
     among them take every value of each axis inside ``clause``'s scope
-    (:attr:`harness.clauses.Clause.scope`; the checkpoint format is not an axis here).
+    (:attr:`harness.clauses.Clause.scope`; the checkpoint format is not an axis here), each
+    with a plain plan: one micro-batch per step, no clipping. Clipping and accumulation
+    belong to CLIP-1 and SYNC-1 (and the pairwise cover, which draws both): a bug in them
+    must not fail another clause's checks.
 
     Args:
         worlds: the world sizes the session can run.
@@ -84,7 +87,12 @@ def value_cover(
         best = max(range(len(pool)), key=lambda i: len(taken[i] & missing))
         chosen.append(pool[best])
         missing -= taken[best]
-    return tuple(chosen)
+    return tuple(_plain(s) for s in chosen)
+
+
+def _plain(scenario: Scenario) -> Scenario:
+    plan = dataclasses.replace(scenario.plan, micro_batches=1, clip=None)
+    return dataclasses.replace(scenario, plan=plan)
 
 
 def covering_examples(
@@ -97,7 +105,9 @@ def covering_examples(
 ) -> Callable[[T], T]:
     """Decorate a Hypothesis check of ``clause``: it also runs :func:`value_cover`'s
     scenarios as explicit examples, and draws as many fewer random ones (at least one), so
-    its cost stays what its profile gives it.
+    its cost stays what its profile gives it. The first failing example ends the check
+    (``report_multiple_bugs=False``): a strategy that fails them all costs one job, and a
+    failure already known elsewhere is not run ten times over.
 
     Args:
         clause: whose scope the scenarios cover.
@@ -126,7 +136,7 @@ def covering_examples(
         for value in reversed(values):
             test = example(**{argname: value})(test) if argname else example(value)(test)
         draws = max(1, share * settings().max_examples // 10 - len(values))
-        return settings(max_examples=draws)(test)
+        return settings(max_examples=draws, report_multiple_bugs=False)(test)
 
     return decorate
 

@@ -3,8 +3,18 @@
 :class:`Baseline` is the rank's state right after it joined the process group. Before each
 job :meth:`Baseline.reset` restores it (seeds, default dtype and device, grad mode,
 deterministic flags, thread count, environment variables, cwd, warning filters); after each
-job :meth:`Baseline.cleanup` destroys the process groups the job created. Every step is a
-cheap comparison first, so an empty job stays well under a millisecond.
+job :meth:`Baseline.cleanup` destroys the process groups the job created and frees them.
+Every step is a cheap comparison first, so an empty job stays well under a millisecond.
+
+[Note: freeing the destroyed groups] ``destroy_process_group`` only drops a group from
+torch's registries. The group object itself (for gloo, with its worker and TCP-loop threads)
+lives on while anything references it, and a job's modules, meshes and hooks reference it
+through reference cycles that only Python's full (generation 2) collection frees. In a rank
+process, which holds torch's many long-lived objects, that collection is rare: over a
+``nightly`` run (thousands of jobs) one rank held 236 dead gloo groups and 710 threads, and
+the machine spent 80% of its time in the kernel. So the rank freezes what exists when it
+joins (``gc.freeze``: never collected, never traversed again) and collects after each job that
+created groups; that collection only walks the job's leftovers (about 10 ms here).
 
 :class:`OutputCapture` points the rank's stdout/stderr file descriptors at two files the
 controller reads after the job (so C++ output and output of a crashed rank are kept too).
@@ -12,6 +22,7 @@ controller reads after the job (so C++ output and output of a crashed rank are k
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import sys
@@ -46,6 +57,8 @@ class Baseline:
         self.threads = torch.get_num_threads()
         self.groups = set(c10d._world.pg_map)
         self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        gc.collect()
+        gc.freeze()  # see [Note: freeing the destroyed groups]
 
     def reset(self) -> None:
         """Restore the baseline and reseed every generator with the same seed on all ranks."""
@@ -106,6 +119,7 @@ class Baseline:
             from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
             _clear_sharding_prop_cache()
+            gc.collect()  # see [Note: freeing the destroyed groups]
 
 
 def _restore_environ(saved: dict[bytes, bytes]) -> None:

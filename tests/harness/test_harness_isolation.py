@@ -81,3 +81,27 @@ def create_subgroup(ctx: RankContext) -> list[float]:
 def test_new_subgroups_work_after_a_job_created_and_lost_one() -> None:
     for _ in range(3):
         assert run_on_ranks(create_subgroup, world_size=2) == [[2.0], [2.0]]
+
+
+class _Cycle:
+    """A job's object that holds a process group in a reference cycle (as modules, meshes
+    and their hooks do)."""
+
+    def __init__(self, group: object) -> None:
+        self.group = group
+        self.me = self
+
+
+def group_in_a_cycle(ctx: RankContext) -> int:
+    group = dist.new_group(list(range(ctx.world_size)))
+    dist.all_reduce(torch.ones(1), group=group)
+    _Cycle(group)  # dropped here: only a cyclic collection frees it
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_groups_a_job_left_in_reference_cycles_are_freed_with_their_threads() -> None:
+    counts = [run_on_ranks(group_in_a_cycle, world_size=2) for _ in range(8)]
+    for rank in range(2):
+        seen = [c[rank] for c in counts]
+        # each job's own group is alive while it runs; the earlier ones must be gone
+        assert max(seen[2:]) <= seen[1], f"rank {rank}: threads per job {seen} keep growing"

@@ -47,6 +47,9 @@ def test_drawn_scenarios_are_valid(scenario: Scenario) -> None:
         assert scenario.optim.eps >= 1e-4
     trainable = [p for p in model.parameters() if p.requires_grad]
     assert trainable
+    for block in scenario.model.blocks:  # a LayerNorm over 1 or 2 features passes back noise
+        if block.kind == "AttentionBlock" and block.tokens > 1:
+            assert scenario.model.hidden // block.tokens >= 3, block
 
 
 @SETTINGS

@@ -26,7 +26,13 @@ from typing import Any, TypeVar
 from hypothesis import example, settings
 
 from harness.clauses import CLAUSES
-from suites.lib.controller.covering import CoverRow, candidates, hybrid_mesh
+from suites.lib.controller.covering import (
+    CoverRow,
+    candidates,
+    greedy_cover,
+    hybrid_mesh,
+    relative_cost,
+)
 from suites.lib.controller.scenarios import available_world_sizes
 from suites.lib.shared.axes import scenario_axes
 from suites.lib.shared.checkpoint_specs import FORMATS, META_KINDS, CkptPlan
@@ -54,8 +60,9 @@ def value_cover(
     clause: str,
     keep: Callable[[Scenario], bool] = lambda scenario: True,
 ) -> tuple[Scenario, ...]:
-    """The fewest candidates (greedily, deterministically) that ``keep`` accepts and that
-    among them take every value of each axis inside ``clause``'s scope
+    """A few cheap candidates (:func:`~suites.lib.controller.covering.greedy_cover`) that
+    ``keep`` accepts and that among them take every value of each axis inside ``clause``'s
+    scope
     (:attr:`harness.clauses.Clause.scope`; the checkpoint format is not an axis here), each
     with a plain plan: one micro-batch per step, no clipping. Clipping and accumulation
     belong to CLIP-1 and SYNC-1 (and the pairwise cover, which draws both): a bug in them
@@ -77,17 +84,16 @@ def value_cover(
         if row.fmt == FORMATS[0] and _in_scope(s, scope) and keep(s):
             pool.append(s)
     taken = [
-        {(axis, value) for axis, values in scenario_axes(s).items() for value in values}
+        frozenset(
+            (axis, value)
+            for axis, values in scenario_axes(s).items()
+            for value in values
+            if axis not in scope or value in scope[axis]
+        )
         for s in pool
     ]
-    missing = set().union(*taken) if taken else set()
-    missing = {(axis, v) for axis, v in missing if axis not in scope or v in scope[axis]}
-    chosen: list[Scenario] = []
-    while missing:
-        best = max(range(len(pool)), key=lambda i: len(taken[i] & missing))
-        chosen.append(pool[best])
-        missing -= taken[best]
-    return tuple(_plain(s) for s in chosen)
+    chosen = greedy_cover(taken, [relative_cost(s) for s in pool])
+    return tuple(_plain(pool[i]) for i in chosen)
 
 
 def _plain(scenario: Scenario) -> Scenario:
@@ -115,8 +121,8 @@ def covering_examples(
         adapt: fits a scenario to the check (its plan, activation checkpointing), or makes
             the check's argument of it (a :class:`CkptPlan`).
         argname: the check's argument, by keyword (default: the first, by position).
-        share: the check's examples under ``ci`` (as :func:`~suites.lib.controller.
-            scenarios.examples`; scaled like the active profile).
+        share: the check's examples, in tenths of the active profile's (as
+            :func:`~suites.lib.controller.scenarios.examples`).
 
     Raises:
         ValueError: ``adapt`` changed a scenario's axis values (the coverage would be wrong).

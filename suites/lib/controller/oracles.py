@@ -55,12 +55,14 @@ def backward_plain_step(
 ) -> None:
     """The gradients of one step of the plain model as a sharded run with ``dp``
     data-parallel ranks and ``micro`` micro-batches takes it (the loss averaged over all of
-    them), then clipped to ``clip`` if given; the caller steps its optimizer."""
+    them and scaled by the plan's ``loss_scale``), then clipped to ``clip`` if given; the
+    caller steps its optimizer."""
     plan = scenario.plan
     for m in range(micro):
         for r in range(dp):
             x, y = make_batch(scenario.model, plan.data_seed, index, m, r, plan.batch_size)
-            (F.mse_loss(model(x).float(), y) / (dp * micro)).backward()
+            loss = F.mse_loss(model(x).float(), y) * plan.loss_scale
+            (loss / (dp * micro)).backward()
     if clip is not None:
         params = [p for p in model.parameters() if p.grad is not None]
         torch.nn.utils.clip_grad_norm_(params, clip)

@@ -35,7 +35,6 @@ from suites.lib.controller.clause_covers import (
     covering_examples,
     covering_rows,
     other_family_plan,
-    reshard_plan,
     round_trip_plan,
 )
 from suites.lib.controller.covering import CoverRow
@@ -130,6 +129,8 @@ def _check_plain_checkpoint_loads(
 
 
 def _full_round_trip(scenario: Scenario) -> CkptPlan:
+    """A covering configuration saved and loaded at its own world size (drawn plans may
+    reshard)."""
     return round_trip_plan(CoverRow(scenario, "full"))
 
 
@@ -165,8 +166,12 @@ def test_strategy_full_checkpoint_loads_into_plain_torch(
 
 
 def _unit_aligned(plan: CkptPlan) -> CkptPlan:
-    """Every ``Block`` its own FSDP1 unit and no NestedBlock: each flat parameter then lies
-    in one of the two optimizers (blocks / the rest), as FSDP1's optimizer state needs."""
+    """Under fsdp, every ``Block`` its own FSDP1 unit and no NestedBlock: each flat
+    parameter then lies in one of the two optimizers (blocks / the rest), as torch's
+    FSDP1 optimizer state needs (see CKPT-TRAINER-1's scope). FSDP2 shards each parameter
+    on its own: a model_parallel plan stays as drawn."""
+    if plan.save.family != "fsdp":
+        return plan
     blocks = tuple(dataclasses.replace(b, kind="Block") for b in plan.save.model.blocks)
 
     def align(scenario: Scenario) -> Scenario:
@@ -186,13 +191,16 @@ def _read_all(model: Any, optimizers: list[Any]) -> dict[str, Any]:
     }
 
 
-def _trainer_save_rank(ctx: Any, scenario: Scenario, path: str) -> dict[str, Any]:
+def _trainer_save_rank(ctx: Any, plan: CkptPlan, path: str) -> dict[str, Any]:
+    """Train ``plan.save`` with two optimizers and save the trainer layout (the plan, not
+    its scenario, goes to the ranks: the run's coverage then records the format)."""
     from suites.lib.shared.models import make_batch
 
+    scenario = plan.save
     strategy, model, optimizers = build_with_two_optimizers(ctx, scenario)
-    dp_rank, plan = strategy.distributed_sampler_kwargs["rank"], scenario.plan
-    for step in range(plan.steps):
-        x, y = make_batch(scenario.model, plan.data_seed, step, 0, dp_rank, plan.batch_size)
+    dp_rank, train = strategy.distributed_sampler_kwargs["rank"], scenario.plan
+    for step in range(train.steps):
+        x, y = make_batch(scenario.model, train.data_seed, step, 0, dp_rank, train.batch_size)
         with strategy.precision.forward_context():
             out = model(strategy.precision.convert_input(x.to(strategy.root_device)))
         strategy.backward(torch.nn.functional.mse_loss(out.float(), y), model)
@@ -206,7 +214,8 @@ def _trainer_save_rank(ctx: Any, scenario: Scenario, path: str) -> dict[str, Any
     return out
 
 
-def _trainer_load_rank(ctx: Any, scenario: Scenario, path: str) -> dict[str, Any]:
+def _trainer_load_rank(ctx: Any, plan: CkptPlan, path: str) -> dict[str, Any]:
+    scenario = plan.load
     strategy, model, optimizers = build_with_two_optimizers(ctx, scenario)
     before = files_digest(path)
     try:
@@ -228,29 +237,27 @@ def _trainer_load_rank(ctx: Any, scenario: Scenario, path: str) -> dict[str, Any
 
 
 def _aligned(scenario: Scenario) -> bool:
-    """Configurations :func:`_unit_aligned` leaves as they are: Block-only models, each Block
-    its own unit."""
-    if any(b.kind != "Block" for b in scenario.model.blocks):
-        return False
-    if isinstance(scenario.strategy, FSDPConfig):
-        return scenario.strategy.wrap == WrapSpec("classes", ("Block",))
-    return set(scenario.strategy.fsdp_classes) <= {"Block"}
-
-
-def _full_reshard(scenario: Scenario) -> CkptPlan:
-    row = CoverRow(scenario, "full")
-    return reshard_plan(row) or round_trip_plan(row)
+    """Configurations whose FSDP1 flat parameters each lie in one of the two optimizers:
+    any model_parallel one; under fsdp, Block-only models whose policy makes each Block its
+    own unit (by class, module list, custom policy or callable)."""
+    strategy = scenario.strategy
+    if not isinstance(strategy, FSDPConfig):
+        return True
+    return all(b.kind == "Block" for b in scenario.model.blocks) and (
+        strategy.wrap.kind in ("classes", "module_wrap_policy", "custom_policy", "callable")
+        and strategy.wrap.classes == ("Block",)
+    )
 
 
 @pytest.mark.clause("CKPT-TRAINER-1", "CKPT-REKEY-2")
-@covering_examples("CKPT-TRAINER-1", keep=_aligned, adapt=_full_reshard, argname="plan", share=2)
+@covering_examples("CKPT-TRAINER-1", keep=_aligned, adapt=_full_round_trip, argname="plan", share=2)
 @given(plan=ckpt_plans(fmt="full", reshard=True, min_steps=1).map(_unit_aligned))
 @example(plan=FULL_1X2_TO_2X2)
 def test_trainer_layout_with_two_optimizers(
     plan: CkptPlan, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     path = os.path.join(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()), "trainer.ckpt")
-    saved = run(_trainer_save_rank, plan.save, path, world_size=plan.save.world_size)[0]
+    saved = run(_trainer_save_rank, plan, path, world_size=plan.save.world_size)[0]
     content = torch.load(path, weights_only=True)
     where = f"the trainer file ({plan.worlds})"
     assert {"state_dict", "optimizer_states", "epoch", "global_step"} <= set(content), (
@@ -274,7 +281,7 @@ def test_trainer_layout_with_two_optimizers(
             clause="CKPT-TRAINER-1",
             where=f"{where}, optimizer {index} loaded by plain torch",
         )
-    loaded = run(_trainer_load_rank, plan.load, path, world_size=plan.load.world_size)
+    loaded = run(_trainer_load_rank, plan, path, world_size=plan.load.world_size)
     for rank, out in enumerate(loaded):
         where = f"load rank {rank}, {plan.worlds}, trainer layout"
         assert_same_model(out["model"], saved["model"], clause="CKPT-TRAINER-1", where=where)

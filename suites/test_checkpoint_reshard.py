@@ -90,13 +90,15 @@ def test_reshard_across_the_space(row: CoverRow, tmp_path_factory: pytest.TempPa
     assert_loaded_equals_saved(plan, saved, loaded, clause="CKPT-RT-3")
 
 
-def _sharded_reshard(scenario: Scenario) -> CkptPlan:
-    row = CoverRow(scenario, "sharded")
-    return reshard_plan(row) or round_trip_plan(row)
+def _sharded_round_trip(scenario: Scenario) -> CkptPlan:
+    """Saved and loaded at the configuration's world size: the covering configurations
+    reach every value (loading at another world size is CKPT-RT-3's, whose siblings above
+    cover it; the drawn plans below still reshard)."""
+    return round_trip_plan(CoverRow(scenario, "sharded"))
 
 
 @pytest.mark.clause("CKPT-RT-4")
-@covering_examples("CKPT-RT-4", adapt=_sharded_reshard, argname="plan", share=3)
+@covering_examples("CKPT-RT-4", adapt=_sharded_round_trip, argname="plan", share=3)
 @given(plan=ckpt_plans(fmt="sharded", reshard=True))
 @example(plan=SHARDED_1X2_TO_2X2)
 def test_sharded_converted_offline_loads_and_resaves_equal(

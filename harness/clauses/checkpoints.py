@@ -111,6 +111,27 @@ CHECKPOINTS = Section(
             "`state_dict`, an `optimizer_states` list in standard integer-keyed form, and other "
             "entries) and loads it back, matching optimizers by position; a number of "
             "optimizers different from the file's raises `RuntimeError` naming both numbers.",
+            scope=(
+                ("checkpoint", ("full",)),  # the trainer layout is one full file
+                # What two optimizers can hold: under FSDP1 each flat parameter must lie in
+                # one of them (torch's FSDP.optim_state_dict raises "<name> is not in the
+                # optimizer state" for an optimizer holding part of one). Without a policy
+                # (one unit) or with a size threshold (units that cut across any split by
+                # module) no such split exists; FSDP2 shards each parameter on its own.
+                (
+                    "wrap",
+                    (
+                        "classes",
+                        "module_wrap_policy",
+                        "custom_policy",
+                        "callable",
+                        "fully_shard root only",
+                        "fully_shard Block",
+                        "fully_shard NestedBlock",
+                        "fully_shard AttentionBlock",
+                    ),
+                ),
+            ),
         ),
         Clause(
             "CKPT-STRICT-1",

@@ -377,7 +377,7 @@ class FSDPStrategy(ShardedStrategyBase):
         norm_type = float(norm_type)
         if not (norm_type > 0):
             raise ValueError(f"norm_type={norm_type!r} must be positive (or math.inf).")
-        self.precision.unscale_gradients(optimizer)
+        self.precision.unscale_gradients(optimizer, root)
         grads, total = fsdp_grad_norm(root, norm_type, self.root_device)
         if error_if_nonfinite and not bool(torch.isfinite(total)):
             raise RuntimeError(

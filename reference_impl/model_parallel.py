@@ -307,7 +307,7 @@ class ModelParallelStrategy(ShardedStrategyBase):
                 "by ModelParallelStrategy.setup_module (with DTensor parameters); this one has "
                 "none."
             )
-        self.precision.unscale_gradients(optimizer)
+        self.precision.unscale_gradients(optimizer, module)
         grads = [p.grad for p in params if p.grad is not None]
         total = ops.grad_norm(grads, float(norm_type), self.root_device)
         if error_if_nonfinite and not torch.isfinite(total):

@@ -158,10 +158,28 @@ class Precision:
         self._scaler.update()
         return result
 
-    def unscale_gradients(self, optimizer: Optimizer) -> None:
-        """Divide the gradients of ``optimizer`` by the loss scale (no-op without a scaler)."""
-        if self._scaler is not None:
-            self._scaler.unscale_(optimizer)
+    def unscale_gradients(self, optimizer: Optimizer, module: nn.Module | None = None) -> None:
+        """Divide the gradients of ``optimizer`` by the loss scale (no-op without a scaler);
+        with ``module``, also those of its parameters that ``optimizer`` does not hold.
+
+        [Note: unscaling what no optimizer holds] The scaler unscales one optimizer's
+        parameters. A parameter that trains but that no optimizer holds yet (fine-tuning
+        code adds it with ``add_param_group`` later) keeps a gradient 65536 times too large,
+        and a norm over the module's gradients (CLIP-1: as the unsharded model computes it)
+        is then that gradient's alone: a 16-mixed session clipped every gradient to about
+        1/500 of the plain model's. Such gradients are divided here too; no optimizer steps
+        with them, and a second unscale in the same step is refused by the scaler first.
+        """
+        if self._scaler is None:
+            return
+        self._scaler.unscale_(optimizer)
+        if module is None:
+            return
+        held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        inverse = 1.0 / self._scaler.get_scale()
+        for param in module.parameters():
+            if param.grad is not None and id(param) not in held:
+                param.grad.mul_(inverse)
 
     def state_dict(self) -> dict[str, Any]:
         """The scaler's state (empty without a scaler)."""

@@ -51,6 +51,7 @@ from hypothesis.stateful import (
 from suites.lib.controller.checkpoint_plans import FAMILIES
 from suites.lib.controller.clause_covers import covering_rows
 from suites.lib.controller.covering import CoverRow
+from suites.lib.controller.regressions import SESSION_16_MIXED_CLIP
 from suites.lib.controller.scenarios import world_sizes
 from suites.lib.controller.session_draws import (
     COUNTS,
@@ -167,11 +168,15 @@ class TrainingSession(SessionDriver, RuleBasedStateMachine):
         name = data.draw(st.sampled_from(self._names("sharded")), label="checkpoint")
         self.do_convert(name, self.load_options(world, self.saved[name].family, data), fmt)
 
+    def _other_family(self, name: str) -> str:
+        """The family that checkpoint ``name`` was not saved by."""
+        return next(f for f in FAMILIES if f != self.saved[name].family)
+
     def _crossable(self) -> list[str]:
-        """Full checkpoints whose other family takes the session's precision (model_parallel
-        takes no 16-bit or ``*-true`` one)."""
+        """Full checkpoints whose other family takes the session's precision
+        (model_parallel takes ``32-true`` and ``bf16-mixed`` only)."""
         precision = self.base.precision
-        return [n for n in self._names("full") if precision in PRECISIONS[_other(n, self)]]
+        return [n for n in self._names("full") if precision in PRECISIONS[self._other_family(n)]]
 
     @precondition(lambda self: bool(self._crossable()))
     @rule(world=world_sizes(2), fmt=st.sampled_from(FORMATS), data=st.data())
@@ -179,7 +184,8 @@ class TrainingSession(SessionDriver, RuleBasedStateMachine):
         """Load a full checkpoint into fresh objects of the other family (CKPT-RT-6)."""
         self.started += 1
         name = data.draw(st.sampled_from(self._crossable()), label="checkpoint")
-        self.do_load_other_family(name, self.load_options(world, _other(name, self), data), fmt)
+        options = self.load_options(world, self._other_family(name), data)
+        self.do_load_other_family(name, options, fmt)
 
     @rule()
     def rebuild(self) -> None:
@@ -195,11 +201,6 @@ class TrainingSession(SessionDriver, RuleBasedStateMachine):
     def teardown(self) -> None:
         """Run the last segment (unless a rule failed) and remove the checkpoints."""
         self.close()
-
-
-def _other(name: str, session: TrainingSession) -> str:
-    """The family that checkpoint ``name`` of ``session`` was not saved by."""
-    return next(f for f in FAMILIES if f != session.saved[name].family)
 
 
 #: drawn sessions per family and example of the profile (ci: 3 per family, dev: 12,
@@ -258,3 +259,11 @@ def test_training_session_across_the_space(row: CoverRow) -> None:
     that every value of every axis in the clause's scope reaches it in every profile; the
     drawn sessions above mix the rules."""
     short_session(TrainingSession, row.scenario, row.fmt)
+
+
+@pytest.mark.clause("TRAIN-4", "CLIP-1")
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_training_session_regressions(fmt: str) -> None:
+    """The short session on configurations where a strategy once failed a session (see
+    :mod:`suites.lib.controller.regressions`)."""
+    short_session(TrainingSession, SESSION_16_MIXED_CLIP, fmt)

@@ -30,6 +30,7 @@ __all__ = [
     "INIT_FSDP2",
     "INIT_NESTED",
     "INIT_ZOO",
+    "SESSION_16_MIXED_CLIP",
     "SHARDED_1X2_TO_2X2",
     "SYNC_NESTED",
     "SYNC_TIED_MIXED",
@@ -150,3 +151,17 @@ FULL_1X2_TO_2X2 = CkptPlan(
     ),
 )
 SHARDED_1X2_TO_2X2 = dataclasses.replace(FULL_1X2_TO_2X2, fmt="sharded")
+
+#: a training session under 16-mixed that clips while a trainable parameter is in no
+#: optimizer yet (the session's held-back one): the grad scaler unscaled only the
+#: optimizer's gradients, the held-back one stayed 65536 times too large and dominated the
+#: clip norm, and every gradient was clipped to about 1/500 of the plain model's (dev seed 1;
+#: see the reference's [Note: unscaling what no optimizer holds]). For the session check's
+#: short session (it clips in its first warm-up step, before the group is added).
+SESSION_16_MIXED_CLIP = Scenario(
+    2,
+    _MODEL,
+    FSDPConfig("FULL_SHARD", _NESTED, precision="16-mixed"),
+    OptimSpec("sgd", lr=0.05, momentum=0.9, eps=1e-4),
+    TrainPlan(steps=0, batch_size=2, data_seed=0, loss_scale=1 / 256),
+)

@@ -11,6 +11,7 @@ within the precision's tolerance, under the clause the read checks.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import torch
@@ -29,7 +30,26 @@ from suites.lib.shared.models import clean_name
 from suites.lib.shared.session_ops import AddGroup, Freeze, Step, Structure, after
 from suites.lib.shared.specs import OptimSpec, Scenario
 
-__all__ = ["Expected", "Snapshot", "Twin", "assert_matches", "check_reads"]
+__all__ = ["DRIFT", "Expected", "Snapshot", "Twin", "assert_matches", "check_reads"]
+
+#: absolute slack per (learning rate x step) that a session's reads add to the precision's
+#: tolerance: the twin trains fp32, and a low-precision run drifts from it step after step.
+#: The tolerance table is fitted to TRAIN-1's runs of up to 2 steps; a session runs up to
+#: about 15. Measured (dev seed 2): a bf16-true session of 4 SGD steps (lr 0.1, momentum,
+#: clipping, a shared Block) ended with a momentum buffer 0.077 from the twin's, 0.047
+#: allowed; plain single-process bf16 training of the same steps lands 0.079 from fp32, and
+#: on the sharded run's value to 4 digits (0.2012 against 0.20117): drift, not a strategy
+#: bug. With two one-token attention blocks instead, plain bf16 lands 0.195 from fp32 (a
+#: sign flipped) and fp16 0.051. Reads allow lr 0.2 x steps x these figures, 2x or more
+#: over the worst of those (0.22 and 0.06 per lr x step). Values in a long low-precision
+#: session are thus checked loosely; step counts, keys and groups stay exact.
+DRIFT = {
+    "32-true": 0.0,
+    "bf16-mixed": 0.5,
+    "bf16-true": 0.5,
+    "16-mixed": 0.15,
+    "16-true": 0.15,
+}
 
 Snapshot = tuple[dict[str, Tensor], dict[str, Any], Structure]
 #: what one read must equal: (clause, the twin's model and named optimizer state, steps)
@@ -122,6 +142,12 @@ def check_reads(
             )
             lr = max(optim.max_lr, 0.2)
             tol = tolerance(precision, optim.kind, lr=lr, steps=max(1, steps))
+            tol = dataclasses.replace(
+                tol,
+                atol=tol.atol + DRIFT[precision] * lr * steps,
+                reason=f"{tol.reason}; + {DRIFT[precision]} x lr x steps of drift from the "
+                "fp32 twin over the session (session_twin.DRIFT)",
+            )
             with clause(clause_id):
                 what = f"rank {rank} of {world} ({scenario.family}), {steps} steps, {where}"
                 assert_matches(read, state, tol, what=what)

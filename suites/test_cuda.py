@@ -62,7 +62,7 @@ def with_precision(scenario: Scenario, precision: str) -> Scenario:
     plan = dataclasses.replace(
         scenario.plan, loss_scale=1 / 256 if precision == "16-mixed" else 1.0
     )
-    optim = dataclasses.replace(scenario.optim, eps=1e-4 if precision.startswith("16") else 1e-6)
+    optim = dataclasses.replace(scenario.optim, eps=1e-4)
     strategy = dataclasses.replace(scenario.strategy, precision=precision)
     return dataclasses.replace(scenario, strategy=strategy, plan=plan, optim=optim)
 

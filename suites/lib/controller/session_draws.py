@@ -147,8 +147,8 @@ def covering_scenario(family: str, world: int = 4) -> Scenario:
             ac=ACSpec("classes", ("Block",)),
             device_mesh=(2, 2),
         )
-        optim = OptimSpec("adam", lr=0.01, groups="by_kind", eps=1e-6)
+        optim = OptimSpec("adam", lr=0.01, groups="by_kind")
     else:
         config = MPConfig(2, 2, tp_plan="mlp", fsdp_classes=("Block",), precision="bf16-mixed")
-        optim = OptimSpec("adamw", lr=0.01, groups="by_depth", eps=1e-6, weight_decay=0.1)
+        optim = OptimSpec("adamw", lr=0.01, groups="by_depth", weight_decay=0.1)
     return Scenario(4, _COVERING_MODEL, config, optim, plan)

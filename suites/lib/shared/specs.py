@@ -176,7 +176,8 @@ class OptimSpec:
         lr: learning rate of group 0; group ``i`` uses ``lr * lr_scales[i]``.
         groups: ``one``, ``by_kind`` (weights / other) or ``by_depth`` (blocks / other).
         momentum: SGD momentum.
-        eps: Adam(W) eps (>= 1e-4 under fp16, FINDINGS.md).
+        eps: Adam(W) eps: 1e-4, for fp16 (FINDINGS.md) and for an attention's key bias
+            (see ``tolerances._FP32_ADAM``).
         weight_decay: AdamW weight decay of group 0 (other groups: 0).
         lr_scales: per-group learning-rate factors.
     """
@@ -185,7 +186,7 @@ class OptimSpec:
     lr: float = 0.1
     groups: str = "one"
     momentum: float = 0.9
-    eps: float = 1e-6
+    eps: float = 1e-4
     weight_decay: float = 0.0
     lr_scales: tuple[float, ...] = (1.0, 0.5)
 

@@ -137,7 +137,6 @@ def _optim(precision: str, index: int) -> OptimSpec:
     return OptimSpec(
         kind=kind,
         lr=0.05 if kind == "sgd" else 0.01,
-        eps=1e-4,  # see tolerances._FP32_ADAM
         weight_decay=0.1 if kind == "adamw" else 0.0,
     )
 

@@ -328,9 +328,7 @@ def ac_specs(draw: st.DrawFn, spec: ModelSpec, allow_none: bool = True) -> ACSpe
 
 
 @st.composite
-def optim_specs(
-    draw: st.DrawFn, precision: str = "32-true", kinds: Sequence[str] = ("sgd", "adam", "adamw")
-) -> OptimSpec:
+def optim_specs(draw: st.DrawFn, kinds: Sequence[str] = ("sgd", "adam", "adamw")) -> OptimSpec:
     """An optimizer with one or several groups (Adam's eps 1e-4: ``tolerances._FP32_ADAM``)."""
     kind = draw(st.sampled_from(tuple(kinds)))
     lr = draw(st.sampled_from((0.05, 0.1) if kind == "sgd" else (0.003, 0.01)))
@@ -474,7 +472,7 @@ def scenarios(
         world_size=world,
         model=spec,
         strategy=config,
-        optim=draw(optim_specs(config.precision, optimizers)),
+        optim=draw(optim_specs(optimizers)),
         plan=drawn_plan,
         empty_init=draw(st.booleans()) if empty_init is None else empty_init,
     )

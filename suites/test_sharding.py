@@ -42,15 +42,6 @@ ALIGN_SLACK = 4
 FAMILIES = st.sampled_from(["fsdp", "model_parallel"])
 
 
-def _shard_factor(config: FSDPConfig, world: int) -> int:
-    if config.sharding_strategy == "NO_SHARD":
-        return 1
-    if "HYBRID" in config.sharding_strategy:
-        assert config.device_mesh is not None
-        return config.device_mesh[1]
-    return world
-
-
 def _layout_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
     t = setup(ctx, scenario)
     out = {"units": fsdp1_units(t.model), "state": gathered_state(t.model)}
@@ -65,7 +56,7 @@ def test_each_rank_holds_its_share_of_every_unit(scenario: Scenario) -> None:
     config = scenario.strategy
     assert isinstance(config, FSDPConfig)
     results = run(_layout_rank, scenario, world_size=scenario.world_size)
-    factor = _shard_factor(config, scenario.world_size)
+    factor = scenario.shard_factor
     initial = reference_run(scenario, steps=0).initial
     for rank, result in enumerate(results):
         assert result["units"], f"rank {rank}: setup_module returned no FSDP unit"

@@ -113,19 +113,9 @@ def test_frozen_parameters_stay_and_tied_parameters_stay_tied(scenario: Scenario
     assert_parity(results, scenario)  # updated once, like the plain model's single tensor
 
 
-def _shard_factor(scenario: Scenario) -> int:
-    """How many ranks split one parameter (FSDP1's shard group, FSDP2's data-parallel size)."""
-    config = scenario.strategy
-    if not isinstance(config, FSDPConfig):
-        return config.data_parallel_size
-    if config.sharding_strategy == "NO_SHARD":
-        return 1
-    return config.device_mesh[1] if config.device_mesh else scenario.world_size
-
-
 def _uneven(scenario: Scenario) -> bool:
     """``scale.gate`` (one element) is split over two ranks or more: some shard is empty."""
-    return scenario.model.scale and _shard_factor(scenario) >= 2
+    return scenario.model.scale and scenario.shard_factor >= 2
 
 
 @pytest.mark.clause("TRAIN-3")

@@ -359,6 +359,17 @@ class Scenario:
             return self.strategy.data_parallel_size
         return self.world_size
 
+    @property
+    def shard_factor(self) -> int:
+        """How many ranks split one parameter: FSDP1's shard group (1 under ``NO_SHARD``, the
+        mesh's inner size under hybrid sharding), FSDP2's data-parallel size."""
+        config = self.strategy
+        if isinstance(config, MPConfig):
+            return config.data_parallel_size
+        if config.sharding_strategy == "NO_SHARD":
+            return 1
+        return config.device_mesh[1] if config.device_mesh else self.world_size
+
     def options(self) -> dict[str, Any]:
         """Keyword arguments for ``ctx.make_strategy(scenario.family, **options)``."""
         return self.strategy.options()

@@ -41,7 +41,7 @@ from suites.lib.controller.covering import CoverRow
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.oracles import expected_dtypes, named_optim_state, plain_train
 from suites.lib.controller.regressions import FULL_1X2_TO_2X2
-from suites.lib.controller.scenarios import examples
+from suites.lib.controller.scenarios import examples, plain_blocks
 from suites.lib.ranks.checkpoint_jobs import (
     build,
     build_with_two_optimizers,
@@ -172,10 +172,9 @@ def _unit_aligned(plan: CkptPlan) -> CkptPlan:
     on its own: a model_parallel plan stays as drawn."""
     if plan.save.family != "fsdp":
         return plan
-    blocks = tuple(dataclasses.replace(b, kind="Block") for b in plan.save.model.blocks)
 
     def align(scenario: Scenario) -> Scenario:
-        model = dataclasses.replace(scenario.model, blocks=blocks)
+        model = plain_blocks(scenario.model)
         strategy = scenario.strategy
         if isinstance(strategy, FSDPConfig):
             strategy = dataclasses.replace(strategy, wrap=WrapSpec("classes", ("Block",)))

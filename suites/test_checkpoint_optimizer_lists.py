@@ -35,7 +35,7 @@ from suites.lib.controller.checkpoint_checks import (
 )
 from suites.lib.controller.checkpoint_plans import ckpt_plans
 from suites.lib.controller.dispatch import run
-from suites.lib.controller.scenarios import examples
+from suites.lib.controller.scenarios import examples, plain_blocks
 from suites.lib.ranks.checkpoint_jobs import attempt, build_with_two_optimizers
 from suites.lib.ranks.readers import gathered_optim_state, gathered_state
 from suites.lib.ranks.training import end
@@ -57,13 +57,12 @@ def _param(family: str) -> Any:
 def _unit_aligned(plan: CkptPlan) -> CkptPlan:
     """Every block a ``Block`` that is its own FSDP1 unit: each flat parameter then lies in
     one of the two optimizers (blocks / the rest), as FSDP1's optimizer state needs."""
-    blocks = tuple(dataclasses.replace(b, kind="Block") for b in plan.save.model.blocks)
 
     def align(scenario: Scenario) -> Scenario:
         strategy = scenario.strategy
         if isinstance(strategy, FSDPConfig):
             strategy = dataclasses.replace(strategy, wrap=WrapSpec("classes", ("Block",)))
-        model = dataclasses.replace(scenario.model, blocks=blocks)
+        model = plain_blocks(scenario.model)
         return dataclasses.replace(scenario, model=model, strategy=strategy)
 
     return dataclasses.replace(plan, save=align(plan.save), load=align(plan.load))

@@ -26,7 +26,7 @@ from suites.lib.controller.checkpoint_plans import ckpt_plans
 from suites.lib.controller.clause_covers import covering_rows, round_trip_plan
 from suites.lib.controller.covering import CoverRow
 from suites.lib.controller.dispatch import run
-from suites.lib.controller.scenarios import examples
+from suites.lib.controller.scenarios import examples, with_scale
 from suites.lib.ranks.checkpoint_jobs import attempt, build, read_state, train_plan
 from suites.lib.ranks.training import end
 from suites.lib.shared.checkpoint_specs import CkptPlan
@@ -47,7 +47,7 @@ def _params(clause: str) -> list[Any]:
 
 
 def _with_scale(scenario: Scenario, scale: bool) -> Scenario:
-    return dataclasses.replace(scenario, model=dataclasses.replace(scenario.model, scale=scale))
+    return dataclasses.replace(scenario, model=with_scale(scenario.model, scale))
 
 
 def _two_checkpoints(ctx: Any, plan: CkptPlan, directory: str) -> tuple[Any, Any, str, str]:

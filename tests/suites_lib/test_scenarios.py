@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from suites.lib.controller.scenarios import max_world_size, scenarios
-from suites.lib.shared.models import build_model
+from suites.lib.controller.scenarios import max_world_size, plain_blocks, scenarios, with_scale
+from suites.lib.shared.models import BlockSpec, ModelSpec, build_model
 from suites.lib.shared.specs import FSDPConfig, MPConfig, Scenario
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
@@ -57,3 +58,61 @@ def test_drawn_scenarios_are_valid(scenario: Scenario) -> None:
 def test_forced_features(scenario: Scenario) -> None:
     assert scenario.world_size == 3 and scenario.model.tied and scenario.model.frozen
     assert any(b.kind == "NestedBlock" for b in scenario.model.blocks)
+
+
+def test_removing_the_scale_keeps_a_parameter_to_train() -> None:
+    # nightly's draw (CKPT-STRICT-1): every parameter frozen but the Scale's gate, so the
+    # model without its Scale had nothing to train and backward raised on every rank
+    only_gate = ModelSpec(
+        hidden=3,
+        blocks=(BlockSpec(kind="Block", ffn=2, norm=False),),
+        vocab=3,
+        in_features=2,
+        out=3,
+        tied=True,
+        scale=True,
+        frozen=(
+            "blocks.0.fc1.bias",
+            "blocks.0.fc1.weight",
+            "blocks.0.fc2.bias",
+            "blocks.0.fc2.weight",
+            "embed.weight",
+            "head.bias",
+        ),
+    )
+    without = with_scale(only_gate, False)
+    assert not without.scale and without.frozen == ()
+    assert any(p.requires_grad for p in build_model(without, "meta").parameters())
+    assert with_scale(only_gate, True) == only_gate
+
+
+def test_removing_the_scale_keeps_other_frozen_parameters_and_drops_the_gate() -> None:
+    spec = ModelSpec(
+        hidden=3,
+        blocks=(BlockSpec(kind="Block", ffn=2),),
+        in_features=2,
+        out=2,
+        scale=True,
+        frozen=("blocks.0.fc1.weight", "scale.gate"),
+    )
+    assert with_scale(spec, False).frozen == ("blocks.0.fc1.weight",)
+
+
+def test_plain_blocks_keep_a_parameter_to_train() -> None:
+    # the trainer-layout checks turn every block into a plain Block: where only the attention
+    # was trainable, the plain model would have nothing to train
+    attention = ModelSpec(
+        hidden=6,
+        blocks=(BlockSpec(kind="AttentionBlock", ffn=2, norm=False, tokens=3),),
+        in_features=2,
+        out=2,
+    )
+    names = [n for n, _ in build_model(attention, "meta").named_parameters()]
+    only_attention = dataclasses.replace(
+        attention, frozen=tuple(n for n in names if ".attn." not in n)
+    )
+    plain = plain_blocks(only_attention)
+    assert [b.kind for b in plain.blocks] == ["Block"]
+    assert plain.frozen == ()
+    some = dataclasses.replace(attention, frozen=("blocks.0.attn.wq.weight", "head.bias"))
+    assert plain_blocks(some).frozen == ("head.bias",)

@@ -249,6 +249,28 @@ def model_specs(
     return dataclasses.replace(spec, frozen=tuple(sorted(chosen)))
 
 
+def _trainable(spec: ModelSpec) -> ModelSpec:
+    """``spec`` with the frozen names its model no longer has dropped, and nothing frozen
+    where nothing would be left to train (then even the plain model's backward raises): for
+    specs changed after they were drawn."""
+    names = {n for n, _ in build_model(spec, "meta").named_parameters()}
+    frozen = tuple(n for n in spec.frozen if n in names)
+    return dataclasses.replace(spec, frozen=() if names <= set(frozen) else frozen)
+
+
+def with_scale(spec: ModelSpec, scale: bool) -> ModelSpec:
+    """``spec`` with its ``Scale`` module added or removed, still with a parameter to train
+    (removing it can remove the only one: ``scale.gate``)."""
+    return _trainable(dataclasses.replace(spec, scale=scale))
+
+
+def plain_blocks(spec: ModelSpec) -> ModelSpec:
+    """``spec`` with every block a plain ``Block`` (the same widths, no attention or inner
+    block), still with a parameter to train."""
+    blocks = tuple(dataclasses.replace(b, kind="Block") for b in spec.blocks)
+    return _trainable(dataclasses.replace(spec, blocks=blocks))
+
+
 def _present_classes(spec: ModelSpec) -> list[str]:
     kinds = {b.kind for b in spec.blocks}
     if "NestedBlock" in kinds or spec.shared:

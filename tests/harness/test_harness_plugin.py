@@ -216,8 +216,16 @@ def test_ctrl_c_stops_the_pool(pytester, monkeypatch) -> None:
     monkeypatch.setenv("PIDS_FILE", str(pytester.path / "pids.txt"))
     pytester.makepyfile(test_subject=HEADER + SLEEPER)
     cmd = [sys.executable, "-m", "pytest", *PLUGIN, "-p", "no:cacheprovider", "test_subject.py"]
+    # A job started in the background of a non-interactive shell (nohup ... &) inherits
+    # SIGINT as ignored, and Python then installs no Ctrl-C handler: the child gets the
+    # default back, as in a terminal.
     proc = subprocess.Popen(
-        cmd, cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd,
+        cwd=pytester.path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 180

@@ -62,13 +62,20 @@ python3 -m venv "$venv"
 . "$venv/bin/activate"
 python -m pip install --quiet --upgrade pip
 "${torch_cmd[@]}"
+# the torch requirement again, so that resolving the project's own (a range) keeps the torch
+# just installed instead of upgrading it (the torch matrix installs versions below the newest)
 if [ -n "$extras" ]; then
-    python -m pip install --quiet -e ".[$extras]"
+    python -m pip install --quiet -e ".[$extras]" "$spec"
 else
-    python -m pip install --quiet -e .
+    python -m pip install --quiet -e . "$spec"
 fi
-SHARDCHECK_TORCH=$flavour python - <<'PY'
+SHARDCHECK_TORCH=$flavour SHARDCHECK_TORCH_SPEC=$spec python - <<'PY'
 import os, hypothesis, pytest, torch
+from packaging.requirements import Requirement
+wanted = Requirement(os.environ["SHARDCHECK_TORCH_SPEC"])
+if not wanted.specifier.contains(torch.__version__.split("+")[0], prereleases=True):
+    raise SystemExit(f"ci/install.sh: asked for {wanted} but torch {torch.__version__} is "
+                     "installed: the project's torch range excludes that version")
 build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU"
 print(f"installed: torch {torch.__version__} ({build} build), hypothesis "
       f"{hypothesis.__version__}, pytest {pytest.__version__}")

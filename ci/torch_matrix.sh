@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The torch matrix: the conformance suites against the reference implementation with each
-# torch version in TORCH_VERSIONS (default "2.13.0 2.14.1", the oldest first), each in its
+# torch version in TORCH_VERSIONS (default "2.11.0 2.12.1 2.13.0 2.14.1", the oldest first:
+# every minor release the project supports), each in its
 # own virtual environment .venv-torch-<version> (made by ci/install.sh, without extras, and
 # kept for the next run while it still holds that torch), in strict mode, writing
 # reports/torch-<version>/. Then each version's report is compared with the oldest one's
@@ -11,7 +12,7 @@
 # oldest version that passes is pyproject.toml's lower bound for torch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-read -r -a versions <<<"${TORCH_VERSIONS:-2.13.0 2.14.1}"
+read -r -a versions <<<"${TORCH_VERSIONS:-2.11.0 2.12.1 2.13.0 2.14.1}"
 nproc=${SHARDCHECK_NPROC:-4}
 if [ "$#" -eq 0 ]; then
     set -- --hypothesis-profile=ci
@@ -29,6 +30,12 @@ sys.exit(torch.__version__.split('+')[0] != sys.argv[1])" "$version" 2>/dev/null
         echo "torch_matrix: installed torch $version into $venv in $((SECONDS - start)) s"
     fi
     start=$SECONDS
+    # the torch internals the project reads (harness/torch_compat.py), each exercised
+    if ! "$venv/bin/python" -m pytest tests/harness/test_torch_compat.py -q -p no:cacheprovider \
+        --nproc "$nproc"; then
+        echo "torch_matrix: torch $version: harness/torch_compat.py FAILED" >&2
+        failed+=("$version")
+    fi
     if "$venv/bin/python" -m pytest suites/ --nproc "$nproc" --conformance-strict \
         --conformance-report "reports/torch-$version" "$@"; then
         echo "torch_matrix: torch $version: suites passed in $((SECONDS - start)) s"

@@ -33,7 +33,8 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-from torch.distributed import distributed_c10d as c10d
+
+from harness import torch_compat
 
 __all__ = [
     "Collective",
@@ -47,7 +48,6 @@ __all__ = [
 ]
 
 MISMATCH = "Detected mismatch between collectives"
-_DEBUG = torch._C._distributed_c10d
 
 
 @dataclass(frozen=True)
@@ -80,31 +80,32 @@ class Collective:
 
 @contextmanager
 def _detail() -> Iterator[None]:
-    previous = _DEBUG.get_debug_level()
-    _DEBUG.set_debug_level(_DEBUG.DebugLevel.DETAIL)
+    debug = torch_compat.c10d_debug()
+    previous = debug.get_debug_level()
+    debug.set_debug_level(debug.DebugLevel.DETAIL)
     try:
         yield
     finally:
-        _DEBUG.set_debug_level(previous)
+        debug.set_debug_level(previous)
 
 
 def checking_installed() -> bool:
     """Whether :func:`install_checking` ran in this process."""
-    return getattr(c10d._new_process_group_helper, "_shardcheck_checked", False)
+    return getattr(torch_compat.new_process_group_helper(), "_shardcheck_checked", False)
 
 
 def install_checking() -> Callable[[Callable[[], None]], None]:
     """Wrap every process group created from now on; return ``run(init)``, which runs the
     default group's ``init`` under the DETAIL level (see the module note)."""
     if not checking_installed():
-        original = c10d._new_process_group_helper
+        original = torch_compat.new_process_group_helper()
 
         def checked_helper(*args: Any, **kwargs: Any) -> Any:
             with _detail():
                 return original(*args, **kwargs)
 
         checked_helper._shardcheck_checked = True  # type: ignore[attr-defined]
-        c10d._new_process_group_helper = checked_helper
+        torch_compat.replace_new_process_group_helper(checked_helper)
 
     def run(init: Callable[[], None]) -> None:
         with _detail():
@@ -116,12 +117,8 @@ def install_checking() -> Callable[[Callable[[], None]], None]:
 def set_checked_timeout(seconds: float) -> None:
     """Set the default group's timeout under the collective checker (torch's
     ``_set_pg_timeout`` only knows unwrapped gloo/NCCL groups and warns otherwise)."""
-    group = c10d._get_default_group()
-    for device in group._device_types:
-        backend: Any = group._get_backend(device)
-        inner = getattr(backend, "wrapped_pg", backend)
-        if hasattr(inner, "_set_default_timeout"):
-            inner._set_default_timeout(timedelta(seconds=seconds))
+    for backend in torch_compat.default_group_backends():
+        backend._set_default_timeout(timedelta(seconds=seconds))
 
 
 class CollectiveLog(logging.Handler):
@@ -142,9 +139,7 @@ class CollectiveLog(logging.Handler):
 
     def attach(self) -> None:
         """Listen to torch's c10d logger."""
-        from torch.distributed.c10d_logger import _c10d_logger
-
-        _c10d_logger.addHandler(self)
+        torch_compat.c10d_logger().addHandler(self)
 
     def clear(self) -> None:
         """Forget the previous job's errors."""

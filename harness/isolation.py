@@ -35,7 +35,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed import distributed_c10d as c10d
+
+from harness import torch_compat
 
 __all__ = [
     "Baseline",
@@ -61,7 +62,7 @@ class Baseline:
         self.cwd = os.getcwd()
         self.filters = list(warnings.filters)
         self.threads = torch.get_num_threads()
-        self.groups = set(c10d._world.pg_map)
+        self.groups = torch_compat.process_groups()
         self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         gc.collect()
         gc.freeze()  # see [Note: freeing the destroyed groups]
@@ -111,21 +112,15 @@ class Baseline:
         self._restore_cwd()
         if not dist.is_initialized():
             return
-        created = [pg for pg in c10d._world.pg_map if pg not in self.groups]
+        created = torch_compat.created_process_groups(self.groups)
         for pg in created:
             try:
                 dist.destroy_process_group(pg)
             except Exception:  # a broken group: drop it from the registry anyway
-                c10d._world.pg_map.pop(pg, None)
-                c10d._world.pg_names.pop(pg, None)
-        mesh_resources = getattr(torch.distributed.device_mesh, "_mesh_resources", None)
-        stack = getattr(mesh_resources, "mesh_stack", None)
-        if stack:
-            stack.clear()
+                torch_compat.drop_process_group(pg)
+        torch_compat.clear_mesh_stack()
         if created:  # DTensor caches meshes that compare equal but name the destroyed groups
-            from torch.distributed.tensor.debug import _clear_sharding_prop_cache
-
-            _clear_sharding_prop_cache()
+            torch_compat.clear_sharding_cache()
             self.uncollected += 1
             if self.uncollected >= COLLECT_EVERY:  # see [Note: freeing the destroyed groups]
                 gc.collect()
@@ -147,8 +142,7 @@ def cross_rank_state() -> dict[str, Any]:
     """State that must be equal on every rank for the pool to stay usable."""
     state: dict[str, Any] = {"initialized": dist.is_initialized()}
     if dist.is_initialized():
-        state["group_count"] = c10d._world.group_count
-        state["groups"] = sorted(str(name) for name in c10d._world.pg_names.values())
+        state.update(torch_compat.group_registry_state())
     return state
 
 

@@ -80,11 +80,11 @@ def _check_world_size(session: HarnessSession, world_size: Any) -> int:
         assert reason is not None
         session.refuse(EnvironmentRefusal(reason))
     if world_size > config.nproc:
-        raise ValueError(
-            f"run_on_ranks(world_size={world_size}) is larger than --nproc={config.nproc}, "
-            "the largest world size this session may start; run with a larger --nproc or "
-            "mark the test @pytest.mark.world_size(...) so it is skipped."
-        )
+        # a check that needs more ranks than this session has is `environment`, never an
+        # error: `--nproc 1` (the only NCCL world of a one-GPU machine) is a valid session
+        reason = session.unavailable_reason(world_size)
+        assert reason is not None
+        session.refuse(EnvironmentRefusal(reason))
     return world_size
 
 

@@ -116,7 +116,17 @@ class RankPool:
         except BaseException:
             self.kill()  # ranks started before the failure must not linger
             raise
-        outcomes = self._wait(token, began, began + settings.start_timeout, (Kind.READY,), None)
+        # [Note: a failed start ends in seconds] a rank that fails while joining (its device,
+        # its store, the warm-up step) leaves the others waiting in a rendezvous or a
+        # collective that cannot complete: they get the failure grace, not the whole deadline
+        outcomes = self._wait(
+            token,
+            began,
+            began + settings.start_timeout,
+            (Kind.READY,),
+            settings.failure_grace,
+            lonely=False,
+        )
         if not all(o.ok for o in outcomes):
             n, name = self.settings.world_size, self.transport.name
             story = format_story(
@@ -164,10 +174,11 @@ class RankPool:
         deadline: float,
         kinds: tuple[Kind, ...],
         grace: float | None,
+        lonely: bool = True,
     ) -> list[Outcome]:
         """:meth:`_gather`, ending the generation when interrupted (Ctrl-C, pytest-timeout)."""
         try:
-            return self._gather(token, began, deadline, kinds, grace)
+            return self._gather(token, began, deadline, kinds, grace, lonely)
         except RanksUnreachable:
             raise
         except BaseException:
@@ -181,13 +192,15 @@ class RankPool:
         deadline: float,
         kinds: tuple[Kind, ...],
         grace: float | None,
+        lonely: bool = True,
     ) -> list[Outcome]:
         """Every rank's outcome of command ``token``: its reply of one of ``kinds`` (or an
-        error), a crash, or ``hung`` when the cutoff passed first. ``grace`` (jobs only)
-        brings the cutoff forward once a rank is out."""
+        error), a crash, or ``hung`` when the cutoff passed first. ``grace`` brings the
+        cutoff forward once a rank is out: after a failed rank always, after one that
+        finished only when ``lonely`` (jobs; at the start ranks finish as they are ready)."""
         outcomes: list[Outcome | None] = [None] * self.settings.world_size
         cutoff, why = deadline, f"still running at the deadline ({deadline - began:.1f} s)"
-        probe = self._probe(began, grace)
+        probe = self._probe(began, grace) if lonely else None
         while None in outcomes:
             now = time.monotonic()
             if now >= cutoff:
@@ -204,7 +217,7 @@ class RankPool:
                 if outcome is None or outcomes[reply.rank] is not None:
                     continue
                 outcomes[reply.rank] = outcome
-                if grace is not None and None in outcomes:
+                if grace is not None and None in outcomes and (lonely or not outcome.ok):
                     probe = None  # some rank is out: the grace, not stall sampling, decides
                     seconds, reason = self._grace(outcome, grace)
                     if time.monotonic() + seconds < cutoff:
@@ -229,7 +242,7 @@ class RankPool:
     def _grace(self, outcome: Outcome, grace: float) -> tuple[float, str]:
         """How long the ranks still inside the job may take after ``outcome``, and why."""
         if not outcome.ok:
-            why = f"rank {outcome.rank} {outcome.kind} (the job had already failed)"
+            why = f"rank {outcome.rank} {outcome.kind}"
             return grace, f"still running {grace:.1f} s after {why}"
         if not self.transport.replaces_ranks:
             return float("inf"), ""  # its ranks leave a job by themselves: the deadline decides

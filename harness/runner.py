@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness import torch_compat
 from harness.attribution import clause_of, take_late_violations
 from harness.collectives import CollectiveLog, set_checked_timeout
 from harness.context import RankContext
@@ -57,15 +58,46 @@ def pg_timeout_for(deadline: float) -> float:
 
 
 def rank_device(backend: str, local_rank: int) -> torch.device:
-    """The device of the rank with node-local rank ``local_rank``.
+    """The device of the rank with node-local rank ``local_rank``, the only one it uses.
 
-    With NCCL it is CUDA device ``local_rank``, made the rank's current CUDA device; with any
-    other backend the CPU.
+    [Note: a rank owns its device] With NCCL it is CUDA device ``local_rank``, made the
+    rank's current CUDA device before any strategy code runs (the node's other GPUs stay
+    visible, as under torchrun, so a strategy's ``cuda:<LOCAL_RANK>`` names the same device;
+    torch's default device mesh keeps a current device that is already set). With any other
+    backend it is the CPU, and the rank sees no GPU at all (:func:`hide_cuda`): on a
+    machine with fewer GPUs than ranks, torch's default mesh would otherwise pick
+    ``cuda:<LOCAL_RANK>`` for a gloo rank (``invalid device ordinal`` on rank 1 of a one-GPU
+    machine), and a strategy would put its tensors on a GPU that gloo cannot reduce.
     """
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
+    hide_cuda()
     return torch.device("cpu")
+
+
+def hide_cuda() -> None:
+    """Hide every CUDA device from this process (``CUDA_VISIBLE_DEVICES=""``).
+
+    CUDA reads the variable once, when it initializes, so this must run before anything in
+    the process touched CUDA (the ranks call it before joining their process group).
+
+    Raises:
+        RuntimeError: CUDA was initialized already, so the devices cannot be hidden.
+    """
+    if torch.cuda.is_initialized():
+        raise RuntimeError(
+            "a gloo rank must see no GPU, but CUDA was initialized in it before the harness "
+            "could hide the devices; do not use CUDA at import time in the strategy's module "
+            "(or run with --backend nccl)."
+        )
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    if torch.cuda.is_available():
+        raise RuntimeError(
+            "a gloo rank must see no GPU, but CUDA_VISIBLE_DEVICES='' did not hide them "
+            "(CUDA was probed before the rank started: the device count is cached); "
+            "report this with the output of `python -m torch.utils.collect_env`."
+        )
 
 
 def join_process_group(
@@ -165,7 +197,7 @@ class JobRunner:
             if self.checked:
                 set_checked_timeout(seconds)
             else:
-                dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds))
+                torch_compat.set_default_pg_timeout(seconds)
             self.pg_timeout = seconds
 
     def run_job(self, command: Command) -> Event:

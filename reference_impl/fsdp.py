@@ -1,6 +1,6 @@
 """The reference FSDP1 strategy: ``FullyShardedDataParallel`` behind the strategy API.
 
-Runs on CPU (gloo) and CUDA (NCCL). See SPEC.md sections 1-4 for the behaviour each method
+Runs on CPU (gloo) and CUDA (NCCL). See CONTRACT.md sections 1-4 for the behaviour each method
 guarantees; the notes below explain the choices that torch does not make for us.
 
 [Note: FSDP1 on CPU] FSDP1 refuses to run without an accelerator unless ``device_id`` is
@@ -25,10 +25,10 @@ from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-from torch.distributed.fsdp.wrap import _Policy
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from harness import torch_compat
 from reference_impl.base import DEFAULT_TIMEOUT, ShardedStrategyBase
 from reference_impl.fsdp_clip import fsdp_grad_norm
 from reference_impl.fsdp_options import (
@@ -258,7 +258,8 @@ class FSDPStrategy(ShardedStrategyBase):
     def _wrap(self, module: nn.Module, policy: Any) -> FSDP:
         kwargs = dict(self._fsdp_kwargs)
         if self.mixed_precision_config is not None and callable(policy):
-            if not isinstance(policy, _Policy):  # see [Note: callable policies under mixed ...]
+            # see [Note: callable policies under mixed ...]
+            if not isinstance(policy, torch_compat.WrapPolicyBase):
                 policy = callable_policy_as_selection(module, policy, select_modules)
         materializer = None
         if has_meta_tensors(module) and kwargs.get("param_init_fn") is None:
@@ -336,7 +337,7 @@ class FSDPStrategy(ShardedStrategyBase):
     # ------------------------------------------------------------------ training
     def _require_root(self, module: nn.Module, what: str) -> FSDP:
         is_root = isinstance(module, FSDP) and (
-            any(module is m for m in self._modules) or getattr(module, "_is_root", None) is True
+            any(module is m for m in self._modules) or torch_compat.fsdp1_is_root(module) is True
         )
         if not is_root:
             raise TypeError(

@@ -15,6 +15,8 @@ from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.wrap import CustomPolicy
 
+from harness import torch_compat
+
 __all__ = [
     "allow_low_precision_shared_grads",
     "callable_policy_as_selection",
@@ -62,14 +64,14 @@ def reregister_frozen_views(root: nn.Module) -> None:
     them; the views alias the same storage, so no value changes.
     """
     for unit in FSDP.fsdp_modules(root):
-        handle = getattr(unit, "_handle", None)
+        handle = torch_compat.fsdp1_handle(unit)
         if (
             handle is not None
-            and handle._use_orig_params
+            and torch_compat.fsdp1_uses_orig_params(handle)
             and not handle.uses_sharded_strategy
             and not handle.flat_param.requires_grad
         ):
-            handle._use_sharded_views()
+            torch_compat.fsdp1_restore_sharded_views(handle)
 
 
 def allow_low_precision_shared_grads(root: nn.Module) -> None:
@@ -89,10 +91,10 @@ def allow_low_precision_shared_grads(root: nn.Module) -> None:
     again (unless ``keep_low_precision_grads``), as for every other parameter.
     """
     for unit in FSDP.fsdp_modules(root):
-        handle = getattr(unit, "_handle", None)
-        if handle is None or not handle._use_orig_params:
+        handle = torch_compat.fsdp1_handle(unit)
+        if handle is None or not torch_compat.fsdp1_uses_orig_params(handle):
             continue
-        low_precision = handle._uses_param_mixed_precision or handle._keep_low_precision_grads
-        for param in handle.flat_param._shared_params or ():
+        low_precision = torch_compat.fsdp1_uses_low_precision(handle)
+        for param in torch_compat.fsdp1_shared_params(handle):
             if low_precision and param.grad_dtype is not None:
                 param.grad_dtype = None

@@ -5,7 +5,7 @@ at ``setup_environment`` and hands it, with the model, to a user function that a
 FSDP2 (``fully_shard``) and/or tensor parallelism (DTensor). It then materializes a
 meta-device model, checks that the mixed-precision policy matches the requested precision,
 and offers gradient clipping and gradient-sync control over DTensor/FSDP2 modules
-(SPEC.md sections 1-4 and 6).
+(CONTRACT.md sections 1-4 and 6: the API, CFG, SHARD, TRAIN, PREC and MP clauses).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from harness import torch_compat
 from reference_impl import meta_init
 from reference_impl import model_parallel_ops as ops
 from reference_impl.base import DEFAULT_TIMEOUT, ShardedStrategyBase
@@ -236,7 +237,7 @@ class ModelParallelStrategy(ShardedStrategyBase):
         expected = precision.compute_dtype if precision.is_mixed else None
         allowed = {expected} if expected is not None else {None, precision.param_dtype}
         for name, fsdp_module in ops.fsdp_modules(module):
-            policy = fsdp_module._get_fsdp_state()._mp_policy
+            policy = torch_compat.fsdp2_mp_policy(fsdp_module)
             if policy.param_dtype not in allowed:
                 fix = (
                     f"pass mp_policy=MixedPrecisionPolicy(param_dtype={expected}, "

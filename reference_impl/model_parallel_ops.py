@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from harness import torch_compat
 from reference_impl import meta_init
 
 __all__ = [
@@ -52,7 +53,7 @@ def gradient_sync_disabled(modules: list[FSDPModule]) -> Generator[None, None, N
     # [Note: exact restore] FSDP2 keeps the switch per parameter group as two flags
     # (reduce_grads, all_reduce_grads); a user may have set them differently per module
     # (set_requires_all_reduce for HSDP), so the exact previous values are saved and put back.
-    groups = [g for mod in modules for g in mod._get_fsdp_state()._fsdp_param_groups]
+    groups = [g for mod in modules for g in torch_compat.fsdp2_param_groups(mod)]
     saved = [(g.reduce_grads, g.all_reduce_grads) for g in groups]
     try:
         for mod in modules:

@@ -1,4 +1,4 @@
-"""Wrap and activation-checkpointing policies (SPEC.md CFG-4, WRAP-1, AC-1).
+"""Wrap and activation-checkpointing policies (CONTRACT.md CFG-4, WRAP-1, AC-1).
 
 A *policy* names modules: a set (or list/tuple) of module classes, a torch
 ``ModuleWrapPolicy``/``CustomPolicy`` object, or a callable with FSDP's signature
@@ -15,12 +15,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-    CheckpointImpl,
-    CheckpointWrapper,
-    checkpoint_wrapper,
-)
-from torch.distributed.fsdp.wrap import ModuleWrapPolicy, _Policy
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+from harness.torch_compat import CheckpointImpl, CheckpointWrapper, checkpoint_wrapper
+from harness.torch_compat import WrapPolicyBase as _Policy
 
 __all__ = [
     "Policy",

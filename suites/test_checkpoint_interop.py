@@ -1,4 +1,5 @@
-"""SPEC.md section 5: interoperation with plain torch, trainers and the other family.
+"""CONTRACT.md CKPT-REKEY-1, CKPT-REKEY-2, CKPT-TRAINER-1, CKPT-RT-6 and MP-3:
+interoperation with plain torch, trainers and the other family.
 
 - CKPT-REKEY-1: a checkpoint written by a plain torch model and optimizer (integer ids,
   groups in an order different from ``model.parameters()``) loads into the strategy, also
@@ -202,7 +203,8 @@ def _trainer_save_rank(ctx: Any, plan: CkptPlan, path: str) -> dict[str, Any]:
         x, y = make_batch(scenario.model, train.data_seed, step, 0, dp_rank, train.batch_size)
         with strategy.precision.forward_context():
             out = model(strategy.precision.convert_input(x.to(strategy.root_device)))
-        strategy.backward(torch.nn.functional.mse_loss(out.float(), y), model)
+        loss = torch.nn.functional.mse_loss(out.float(), y.to(out.device))
+        strategy.backward(loss, model)
         for o in optimizers:
             strategy.optimizer_step(o)
             o.zero_grad()

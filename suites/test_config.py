@@ -1,4 +1,4 @@
-"""SPEC.md section 2, the fsdp family's options: CFG-1..CFG-6.
+"""CONTRACT.md CFG-1..CFG-6: the fsdp family's options.
 
 Bad input must get a clear error: the tests check the exception type and, with
 ``pytest.raises(..., match=...)`` on the ranks, the key words of the message (the value and
@@ -94,7 +94,9 @@ def _sharding_rank(ctx: Any, names: list[Any], bad: list[Any]) -> list[tuple[str
 @given(names=st.lists(any_case(), min_size=1, max_size=4), bad=st.lists(BAD_SHARDING, max_size=4))
 @example(names=list(SHARDING_STRATEGIES), bad=list(NEAR_MISS_SHARDING))
 def test_sharding_strategy_names_in_any_case(names: list[str], bad: list[Any]) -> None:
-    for rank, seen in enumerate(run_on_ranks(_sharding_rank, names, bad, world_size=job_world())):
+    for rank, seen in enumerate(
+        run_on_ranks(_sharding_rank, names, bad, world_size=job_world(minimum=2))
+    ):
         for name, wanted, units in seen:
             assert units == [wanted], f"rank {rank}: sharding_strategy={name} built units {units}"
 
@@ -135,7 +137,7 @@ def _hybrid_rank(ctx: Any) -> dict[str, Any]:
 
 @pytest.mark.clause("CFG-2")
 def test_hybrid_sharding_needs_a_way_to_form_groups() -> None:
-    for rank, seen in enumerate(run_on_ranks(_hybrid_rank, world_size=job_world())):
+    for rank, seen in enumerate(run_on_ranks(_hybrid_rank, world_size=job_world(minimum=2))):
         for name, units in seen.items():
             assert units == [name], f"rank {rank}: {name} with an auto_wrap_policy built {units}"
 

@@ -1,4 +1,4 @@
-"""SPEC.md section 2, for both families: CFG-7..CFG-10.
+"""CONTRACT.md CFG-7..CFG-10, for both families.
 
 The precision (both families), the model_parallel mesh sizes and ``parallelize_fn``, and the
 rule that an option is honoured or refused with an error naming it, never ignored. See
@@ -16,7 +16,7 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from harness import Unsupported, run_on_ranks
+from harness import Unsupported, run_on_ranks, torch_compat
 from suites.lib.controller.scenarios import job_world, world_sizes
 from suites.lib.ranks.construction import (
     SPEC,
@@ -218,7 +218,7 @@ def _honour_rank(ctx: Any) -> dict[str, tuple[str, str]]:
         strategy = build(ctx, "model_parallel", precision="bf16-mixed", parallelize_fn=no_policy)
         model = strategy.setup_module(build_model(SPEC))
         dtypes = {
-            m._get_fsdp_state()._mp_policy.param_dtype
+            torch_compat.fsdp2_mp_policy(m).param_dtype
             for m in model.modules()
             if isinstance(m, FSDPModule)
         }

@@ -1,4 +1,5 @@
-"""SPEC.md section 3: sharding layout, consistency, wrap policies, activation checkpointing.
+"""CONTRACT.md SHARD-1, SHARD-2, WRAP-1, WRAP-2, AC-1 and AC-2: sharding layout,
+consistency, wrap policies, activation checkpointing.
 
 Every test drives the strategy only through ``ctx.make_strategy`` (``--strategy``) and
 reads the result with torch's own APIs (``suites/lib/ranks/readers.py``,
@@ -198,7 +199,7 @@ def test_checkpointing_wraps_exactly_the_selected_modules(scenario: Scenario) ->
 
 
 def _prechecked_rank(ctx: RankContext, scenario: Scenario) -> dict[str, Any]:
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from harness.torch_compat import checkpoint_wrapper
 
     strategy = ctx.make_strategy("fsdp", **scenario.options())
     strategy.setup_environment()

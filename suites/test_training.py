@@ -1,5 +1,6 @@
-"""SPEC.md section 4 (training semantics): parity, frozen/tied, uneven sizes, accumulation
-with ``no_backward_sync``, gradient clipping, meta-device init.
+"""CONTRACT.md TRAIN-1, TRAIN-2, TRAIN-3, SYNC-1, CLIP-1 and INIT-1 (training semantics):
+parity, frozen/tied, uneven sizes, accumulation with ``no_backward_sync``, gradient
+clipping, meta-device init.
 
 The reference is the plain model trained in the controller
 (``suites/lib/controller/oracles.py``); the strategy is reached only through
@@ -287,8 +288,8 @@ def _nonfinite_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
         scenario.strategy.sharding_strategy == "NO_SHARD"
         or "HYBRID" in scenario.strategy.sharding_strategy
     )
-    holders = [torch.zeros(1, dtype=torch.long) for _ in range(ctx.world_size)]
-    dist.all_gather(holders, torch.tensor([int(poisoned is not None)]))
+    holders = [torch.zeros(1, dtype=torch.long, device=ctx.device) for _ in range(ctx.world_size)]
+    dist.all_gather(holders, torch.tensor([int(poisoned is not None)], device=ctx.device))
     first = min(i for i, h in enumerate(holders) if int(h))
     if poisoned is not None and (replicated or ctx.rank == first):
         poisoned.view(-1)[0] = float("inf")

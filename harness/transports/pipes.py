@@ -57,13 +57,12 @@ PRELOAD = (
     "numpy",
     "torch.distributed",
     "torch.distributed.fsdp",
-    "torch.distributed.fsdp._fully_shard",
     "torch.distributed.tensor",
     "torch.distributed.tensor.parallel",
     "torch.distributed.device_mesh",
     "torch.distributed.checkpoint",
     "torch.distributed.checkpoint.state_dict",
-    "torch.distributed.algorithms._checkpoint.checkpoint_wrapper",
+    "harness.torch_compat",  # torch's checkpoint wrapper and FSDP's wrap policies
     "torch._dynamo",  # imported lazily by the first FSDP2 step: 2+ s on the first job
     "torch.optim",
     "numpy.random",

@@ -25,6 +25,7 @@ from suites.lib.controller.scenarios import (
     available_world_sizes,
     fsdp_configs,
     scenarios,
+    smallest_world,
     train_plans,
     world_sizes,
 )
@@ -41,11 +42,12 @@ FAMILIES = ("fsdp", "model_parallel")
 PRECISIONS = ("32-true", "bf16-mixed")
 
 
-def world_pairs(min_world: int = 2) -> st.SearchStrategy[tuple[int, int]]:
+def world_pairs(min_world: int | None = None) -> st.SearchStrategy[tuple[int, int]]:
     """Every ordered pair of different world sizes in ``[min_world, --nproc]``.
 
     A run with a single world size (attach mode) skips the check as ``environment``.
     """
+    min_world = smallest_world() if min_world is None else min_world
     runnable = [s for s in available_world_sizes() if s >= min_world]
     if len(runnable) < 2:
         pytest.skip(
@@ -125,7 +127,7 @@ def ckpt_plans(
     same_config: bool = False,
     max_steps: int = 2,
     min_steps: int = 0,
-    min_world: int = 2,
+    min_world: int | None = None,
 ) -> CkptPlan:
     """A checkpoint plan; arguments fix what is not drawn.
 
@@ -141,7 +143,7 @@ def ckpt_plans(
         max_steps: most training steps before the save (0 steps: an optimizer never stepped).
         min_steps: fewest training steps (1 where plain torch reads the optimizer: torch's
             gathered read initializes the state of an optimizer that never stepped).
-        min_world: smallest world size drawn.
+        min_world: smallest world size drawn (default: ``smallest_world()``).
     """
     family = family or draw(st.sampled_from(FAMILIES))
     fmt = fmt or draw(st.sampled_from(FORMATS))

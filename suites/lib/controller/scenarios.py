@@ -90,16 +90,28 @@ def available_world_sizes() -> list[int]:
     return list(harness_sizes())
 
 
-def job_world(preferred: int = 2) -> int:
+def smallest_world() -> int:
+    """The smallest world size a check that holds at any size draws: 2 (a world of one
+    rank shards nothing), or 1 when the session has one rank only (``--nproc 1``, the only
+    NCCL world of a one-GPU machine), so such a session still runs every check that can run
+    on one rank."""
+    return 1 if max(available_world_sizes()) == 1 else 2
+
+
+def job_world(preferred: int = 2, *, minimum: int = 1) -> int:
     """The world size of a check that holds at any world size from ``preferred`` up.
 
     ``preferred`` when the session can run it (always in local mode with ``--nproc`` at
     least ``preferred``, so local runs stay exactly as they were); else the smallest world
-    size the session has above ``preferred`` (attach mode: torchrun's); else ``preferred``,
+    size the session has above ``preferred`` (attach mode: torchrun's); in a one-rank
+    session 1 (see :func:`smallest_world`: a check that needs two ranks asks
+    ``run_on_ranks`` for 2 itself); else ``preferred``,
     which the harness then reports as ``environment`` with the reason.
 
     Args:
         preferred: the world size the check was written for (at least 1).
+        minimum: the fewest ranks the check can run with (2 for a check of what only
+            several ranks do, such as a sharding strategy FSDP drops at world size 1).
 
     Raises:
         ValueError: ``preferred`` is below 1.
@@ -113,20 +125,25 @@ def job_world(preferred: int = 2) -> int:
     if preferred in sizes:
         return preferred
     larger = [s for s in sizes if s > preferred]
-    return min(larger) if larger else preferred
+    if larger:
+        return min(larger)
+    return 1 if sizes == [1] and minimum <= 1 else preferred  # see smallest_world
 
 
 @st.composite
-def world_sizes(draw: st.DrawFn, min_size: int = 2, max_size: int | None = None) -> int:
+def world_sizes(draw: st.DrawFn, min_size: int | None = None, max_size: int | None = None) -> int:
     """A world size in ``[min_size, min(max_size, --nproc)]`` the session can run.
 
-    In attach mode (one world size) a range without it skips the check as ``environment``.
+    ``min_size`` left out is :func:`smallest_world` (2, or 1 in a one-rank session); a
+    check that needs several ranks passes its need. In attach mode (one world size) a range
+    without it skips the check as ``environment``.
     """
+    min_size = smallest_world() if min_size is None else min_size
     top = max_world_size() if max_size is None else min(max_size, max_world_size())
     if top < min_size:
-        raise ValueError(
-            f"world_sizes(min_size={min_size}) cannot be drawn: --nproc allows at most {top} "
-            f"ranks; run with --nproc {min_size} or more."
+        pytest.skip(
+            f"environment: needs world size {min_size} or more but --nproc is "
+            f"{max_world_size()}; run with --nproc {min_size} or more"
         )
     sizes = [s for s in available_world_sizes() if min_size <= s <= top]
     if sizes == list(range(min_size, top + 1)):
@@ -438,7 +455,7 @@ def scenarios(
     family: str = "fsdp",
     *,
     world_size: int | None = None,
-    min_world: int = 2,
+    min_world: int | None = None,
     precisions: Sequence[str] = ("32-true",),
     sharding: Sequence[str] = SHARDING_STRATEGIES,
     wrap_kinds: Sequence[str] | None = None,

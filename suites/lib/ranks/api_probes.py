@@ -1,4 +1,4 @@
-"""Rank side of the API-surface tests (SPEC.md section 1): one probe per clause.
+"""Rank side of the API-surface tests (CONTRACT.md API-1..API-8): one probe per clause.
 
 :func:`surface_rank` runs every probe of one family in ONE job. Each probe builds its own
 strategy through ``ctx.make_strategy`` (the plug-in contract), drives one part of the
@@ -72,9 +72,10 @@ def scenario_of(family: str, world: int, precision: str = "32-true", lr: float =
     if family == "fsdp":
         config = FSDPConfig(wrap=WrapSpec("classes", UNITS), precision=precision)
     else:
-        tp = world // 2
+        dp = min(2, world)  # a 1x1 mesh at world size 1
+        tp = world // dp
         plan = "mlp" if tp > 1 else "none"
-        config = MPConfig(2, tp, tp_plan=plan, fsdp_classes=UNITS, precision=precision)
+        config = MPConfig(dp, tp, tp_plan=plan, fsdp_classes=UNITS, precision=precision)
     optim = OptimSpec("sgd", lr=lr, momentum=0.0)
     return Scenario(world, SPEC, config, optim, TrainPlan(steps=1, batch_size=2, data_seed=1))
 
@@ -98,7 +99,7 @@ def _tensors(model: nn.Module) -> list[tuple[str, Tensor]]:
 def _api1(ctx: Any, scenario: Scenario) -> dict[str, Any]:
     default = dist.group.WORLD
     _ready(ctx, scenario)
-    value = torch.tensor([ctx.rank + 1.0])
+    value = torch.tensor([ctx.rank + 1.0], device=ctx.device)  # NCCL reduces CUDA tensors
     dist.all_reduce(value)
     return {
         "initialized": dist.is_initialized(),
@@ -263,7 +264,7 @@ def _api8(ctx: Any, scenario: Scenario) -> dict[str, Any]:
         strategy, module = t.strategy, weakref.ref(t.model)
         del t
         strategy.teardown()
-        value = torch.tensor([ctx.rank + 1.0])
+        value = torch.tensor([ctx.rank + 1.0], device=ctx.device)
         dist.all_reduce(value)
         dist.barrier()
         gc.collect()

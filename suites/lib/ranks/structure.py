@@ -4,7 +4,7 @@ gradient-sync switches. Rank side; reads torch's own objects, never the strategy
 These look at torch's FSDP1 ``FlatParameter`` bookkeeping (``_numels``,
 ``_unpadded_unsharded_size``) and FSDP2 parameter groups (``reduce_grads``): the fsdp family
 is defined as built on ``FullyShardedDataParallel`` and the model_parallel family on
-``fully_shard`` (SPEC.md), so these are the facts the clauses talk about.
+``fully_shard`` (CONTRACT.md, SHARD-1), so these are the facts the clauses talk about.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 
 from torch import nn
 
+from harness import torch_compat
 from suites.lib.shared.models import clean_name
 
 __all__ = [
@@ -56,17 +57,8 @@ def fsdp1_units(model: nn.Module) -> dict[str, UnitShard | None]:
     for name, module in model.named_modules():
         if not isinstance(module, _fsdp1()):
             continue
-        flat = getattr(module, "_flat_param", None)
-        units[clean_name(name)] = (
-            None
-            if flat is None
-            else UnitShard(
-                local=flat.numel(),
-                unsharded=flat._unpadded_unsharded_size.numel(),
-                params=sum(flat._numels),
-                count=len(flat._numels),
-            )
-        )
+        sizes = torch_compat.fsdp1_flat_param_sizes(module)
+        units[clean_name(name)] = None if sizes is None else UnitShard(*sizes)
     return units
 
 
@@ -77,21 +69,15 @@ def fsdp2_units(model: nn.Module) -> list[str]:
     return [clean_name(n) for n, m in model.named_modules() if isinstance(m, FSDPModule)]
 
 
-def _checkpoint_wrapper_cls() -> Any:
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
-
-    return CheckpointWrapper
-
-
 def checkpoint_wrapped(model: nn.Module) -> list[str]:
     """Clean names of the modules inside a ``CheckpointWrapper`` (the wrapped module's name)."""
-    cls = _checkpoint_wrapper_cls()
+    cls = torch_compat.CheckpointWrapper
     return sorted(clean_name(n) for n, m in model.named_modules() if isinstance(m, cls))
 
 
 def nested_checkpoint_wrappers(model: nn.Module) -> list[str]:
     """Names of checkpoint wrappers that sit inside another checkpoint wrapper."""
-    cls = _checkpoint_wrapper_cls()
+    cls = torch_compat.CheckpointWrapper
     nested = []
     for name, module in model.named_modules():
         if isinstance(module, cls):
@@ -108,10 +94,10 @@ def sync_flags(model: nn.Module) -> dict[str, Any]:
     flags: dict[str, Any] = {}
     for name, module in model.named_modules():
         if isinstance(module, _fsdp1()):
-            flags[clean_name(name)] = bool(module._sync_gradients)
+            flags[clean_name(name)] = torch_compat.fsdp1_sync_gradients(module)
         elif isinstance(module, FSDPModule):
-            state = module._get_fsdp_state()
             flags[clean_name(name)] = tuple(
-                (g.reduce_grads, g.all_reduce_grads) for g in state._fsdp_param_groups
+                (g.reduce_grads, g.all_reduce_grads)
+                for g in torch_compat.fsdp2_param_groups(module)
             )
     return flags

@@ -68,11 +68,14 @@ def fill(target: Tensor, values: Tensor) -> None:
 
 def normal(gen: torch.Generator, shape: torch.Size) -> Tensor:
     # always draw in float32: the stream must not depend on the default dtype (*-true inits)
-    return torch.randn(shape, generator=gen, dtype=torch.float32)
+    # on the generator's device (CPU), also under a CUDA default device (build_model on a GPU)
+    return torch.randn(shape, generator=gen, dtype=torch.float32, device=gen.device)
 
 
 def uniform(gen: torch.Generator, shape: torch.Size, bound: float) -> Tensor:
-    return (torch.rand(shape, generator=gen, dtype=torch.float32) * 2 - 1) * bound
+    return (
+        torch.rand(shape, generator=gen, dtype=torch.float32, device=gen.device) * 2 - 1
+    ) * bound
 
 
 class Linear(Seeded, nn.Linear):

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from harness import resources, sigterm
+from harness import resources, sigterm, torch_compat
 from harness.attach.session import AttachError, info_from_env
 from harness.config import (
     BACKENDS,
@@ -84,6 +84,34 @@ def register_hypothesis_profiles() -> None:
 
 
 register_hypothesis_profiles()
+
+
+def check_hypothesis_profile(name: str | None) -> None:
+    """Refuse a ``--hypothesis-profile`` nobody registered, naming the registered ones.
+
+    Raises:
+        pytest.UsageError: the profile is not registered.
+    """
+    from hypothesis import settings
+    from hypothesis.errors import InvalidArgument
+
+    if not name:
+        return
+    try:
+        settings.get_profile(name)
+    except InvalidArgument:
+        known = sorted(getattr(settings, "_profiles", None) or {"default", *PROFILE_EXAMPLES})
+        raise pytest.UsageError(
+            f"--hypothesis-profile={name!r} is not a registered Hypothesis profile; "
+            f"pass one of: {', '.join(known)}."
+        ) from None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """Check ``--hypothesis-profile`` before any plugin is configured: before Hypothesis'
+    plugin loads it (an INTERNALERROR otherwise) and before any rank starts."""
+    check_hypothesis_profile(config.getoption("--hypothesis-profile", default=None))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -158,6 +186,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     strategy = strategy_factory(config.getoption("strategy"))
     try:
+        torch_compat.check_torch_version()  # before any rank starts: one line, exit 4
         load_factory(strategy)
         options = parse_strategy_options(config.getoption("strategy_option"))
         attach = info_from_env()

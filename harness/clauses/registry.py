@@ -8,11 +8,12 @@ Clause ids are stable: a clause whose meaning changes gets a new id, and ids are
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["Clause", "Section", "UnknownClauseError", "build_index"]
+__all__ = ["Clause", "Section", "UnknownClauseError", "build_index", "closest_ids", "match_ids"]
 
 
 class UnknownClauseError(KeyError):
@@ -87,12 +88,33 @@ def match_ids(patterns: Iterable[str], ids: Iterable[str]) -> list[str]:
     """
     known = list(ids)
     chosen: list[str] = []
+    missing: list[str] = []
     for pattern in patterns:
         hits = [i for i in known if fnmatch.fnmatchcase(i, pattern.strip().upper())]
         if not hits:
-            raise UnknownClauseError(
-                f"no clause matches {pattern!r}; `pytest --list-clauses` lists them all "
-                f"(ids such as API-1, CKPT-RT-3; globs such as CKPT-*)."
-            )
+            missing.append(pattern.strip())
         chosen += [h for h in hits if h not in chosen]
+    if missing:
+        named = " or ".join(_with_closest(p, known) for p in missing)
+        raise UnknownClauseError(
+            f"no clause matches {named}; see `pytest --list-clauses` for every id "
+            "(such as API-1, CKPT-RT-3; globs such as CKPT-* work too)."
+        )
     return [i for i in known if i in chosen]
+
+
+def closest_ids(pattern: str, ids: Iterable[str], n: int = 3) -> list[str]:
+    """The ids nearest an unmatched ``pattern`` (difflib); for a glob, the nearest family
+    globs (``CKPT-RT-*``, ``CKPT-*``). Empty when nothing is close."""
+    known = list(ids)
+    wanted = pattern.strip().upper()
+    candidates = known
+    if any(c in wanted for c in "*?["):
+        parts = [i.split("-") for i in known]
+        candidates = sorted({"-".join(p[:k]) + "-*" for p in parts for k in range(1, len(p))})
+    return difflib.get_close_matches(wanted, candidates, n=n, cutoff=0.6)
+
+
+def _with_closest(pattern: str, ids: list[str]) -> str:
+    near = closest_ids(pattern, ids)
+    return f"{pattern!r} (closest: {', '.join(near)})" if near else repr(pattern)

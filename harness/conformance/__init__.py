@@ -23,10 +23,15 @@ Modules: :mod:`~harness.conformance.checks` (ids, outcomes, the expected-failure
 
 from __future__ import annotations
 
+import errno
+import os
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from harness.conformance.checks import check_id
-from harness.conformance.session import ConformancePlugin
+from harness.conformance.session import ConformancePlugin, _parse_clauses
 from harness.conformance.unsupported import record_unsupported, skip_or_reject_unsupported
 
 __all__ = [
@@ -98,16 +103,47 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> int | None:
-    """``--list-clauses``: print the contract (or the ``--clauses`` selection) and exit 0."""
-    if not config.getoption("list_clauses"):
+    """Check ``--clauses`` and ``--conformance-report`` before any plugin is configured (so
+    before any rank starts); ``--list-clauses``: print the contract (or the ``--clauses``
+    selection) and exit 0."""
+    if getattr(config.option, "help", False) or getattr(config.option, "version", False):
         return None
     from harness.clauses import UnknownClauseError, select
     from harness.clauses.markdown import render_listing
 
     patterns = config.getoption("clauses")
     try:
-        ids = select(patterns) if patterns else None
+        ids = select(patterns) if _parse_clauses(patterns) else None
     except UnknownClauseError as exc:
         raise pytest.UsageError(f"--clauses: {exc}") from None
-    print(render_listing(ids), end="")
-    return 0
+    if config.getoption("list_clauses"):
+        print(render_listing(ids), end="")
+        return 0
+    check_report_dir(config.getoption("conformance_report"))
+    return None
+
+
+def check_report_dir(directory: str | None) -> None:
+    """Make ``--conformance-report DIR`` if missing and prove it writable (a probe file is
+    created and removed), so an unwritable one is refused at start-up, not after the run.
+
+    Raises:
+        pytest.UsageError: the directory cannot be made or written to.
+    """
+    if not directory:
+        return
+    step = "create the directory"
+    try:
+        if os.path.lexists(directory) and not os.path.isdir(directory):
+            raise NotADirectoryError(errno.ENOTDIR, "it exists and is not a directory")
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        step = "create a file in it"
+        handle, probe = tempfile.mkstemp(prefix=".shardcheck-probe-", dir=directory)
+        os.close(handle)
+        os.remove(probe)
+    except OSError as exc:
+        why = f"[Errno {exc.errno}] {exc.strerror}" if exc.strerror else str(exc)
+        raise pytest.UsageError(
+            f"--conformance-report={directory!r}: cannot {step}: {why}; pass a directory "
+            "you can write to, e.g. --conformance-report ./conformance-report."
+        ) from None

@@ -251,8 +251,8 @@ def test_deselection_note_promises_a_list_only_where_one_is_written(
     pytester.makepyfile(test_fake=CLAUSED)
     out = pytester.path / "out"
     report_args = ["--conformance-report", str(out)] if with_report else []
-    result = pytester.runpytest(
-        *PLUGIN_ARGS, "-p", "no:cacheprovider", "--clauses", "NOPE-9", *report_args
+    result = pytester.runpytest(  # SYNC-1: a clause of the contract that no check declares
+        *PLUGIN_ARGS, "-p", "no:cacheprovider", "--clauses", "SYNC-1", *report_args
     )
     assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
     text = result.stdout.str()
@@ -263,4 +263,4 @@ def test_deselection_note_promises_a_list_only_where_one_is_written(
     else:
         result.stdout.fnmatch_lines(["deselected: 4 checks (--conformance-report DIR lists them)"])
         assert "listed in" not in text
-    result.stdout.fnmatch_lines(["--clauses: 'NOPE-9' matched no clause*"])
+    result.stdout.fnmatch_lines(["--clauses: 'SYNC-1' matched no clause*"])

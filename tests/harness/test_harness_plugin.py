@@ -297,3 +297,87 @@ def test_a_hypothesis_test_gets_a_timeout_scaled_to_the_profile(
     result.stdout.fnmatch_lines([f"*drawn timeout ({expected},)*"])
     result.stdout.fnmatch_lines(["*own timeout (5,)*"])  # a test's own timeout wins
     result.stdout.fnmatch_lines(["*plain timeout None*"])  # plain tests keep the ini value
+
+
+CONFORMANCE = (
+    []
+    if any(ep.value == "harness.conformance" for ep in entry_points(group="pytest11"))
+    else ["-p", "harness.conformance"]
+)
+
+#: a conftest that records the session's warm_up (which starts the forkserver, so the ranks)
+#: instead of running it, and registers a profile of its own
+WARM_UP_SPY = """
+import os
+from hypothesis import settings
+from harness.session import HarnessSession
+
+settings.register_profile("mine", max_examples=3)
+
+def record_warm_up(self):
+    with open(os.environ["WARM_UP_FILE"], "a") as f:
+        f.write("warm_up\\n")
+
+HarnessSession.warm_up = record_warm_up
+"""
+
+REFUSED = [
+    (
+        ["--hypothesis-profile=nope"],
+        "ERROR: --hypothesis-profile='nope' is not a registered Hypothesis profile; pass one "
+        "of: ci, default, dev, mine, nightly.",
+    ),
+    (
+        ["--clauses", "NOPE-9,CLIP-1"],
+        "ERROR: --clauses: no clause matches 'NOPE-9'; see `pytest --list-clauses` for every "
+        "id (such as API-1, CKPT-RT-3; globs such as CKPT-* work too).",
+    ),
+    (
+        ["--conformance-report", "{tmp}/file/report"],
+        "ERROR: --conformance-report='{tmp}/file/report': cannot create the directory: "
+        "[Errno 20] Not a directory; pass a directory you can write to, e.g. "
+        "--conformance-report ./conformance-report.",
+    ),
+]
+
+
+@pytest.fixture
+def spied(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Install :data:`WARM_UP_SPY`; the file it writes a line to at each warm_up."""
+    pytester.makeconftest(WARM_UP_SPY)
+    record = pytester.path / "warm_up.txt"
+    monkeypatch.setenv("WARM_UP_FILE", str(record))
+    return record
+
+
+@pytest.mark.parametrize(("args", "expected"), REFUSED, ids=["profile", "clauses", "report"])
+def test_bad_input_is_refused_in_one_line_before_any_rank_starts(
+    run: Any, pytester: pytest.Pytester, spied: Path, args: list[str], expected: str
+) -> None:
+    (pytester.path / "file").write_text("not a directory")
+    args = [a.format(tmp=pytester.path) for a in args]
+    never = "def test_never():\n    raise AssertionError('this test ran')\n"
+    start = time.monotonic()
+    result = run(never, *CONFORMANCE, *args)
+    took = time.monotonic() - start
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    assert [line for line in result.stderr.lines if line.strip()] == [
+        expected.format(tmp=pytester.path)
+    ]
+    assert not spied.exists(), f"warm_up ran: the ranks were started ({took:.1f} s)"
+    assert "collected" not in result.stdout.str() and "this test ran" not in result.stdout.str()
+
+
+def test_good_inputs_pass_the_start_up_checks(
+    run: Any, pytester: pytest.Pytester, spied: Path
+) -> None:
+    out = pytester.path / "new" / "report"
+    source = (
+        "@pytest.mark.clause('CLIP-1')\ndef test_clip():\n    from hypothesis import settings\n"
+        "    assert settings.get_current_profile_name() == 'mine'\n"
+    )
+    args = ["--hypothesis-profile=mine", "--clauses", "clip-*", "--conformance-report", str(out)]
+    result = run(source, *CONFORMANCE, *args)
+    result.assert_outcomes(passed=1)
+    assert sorted(p.name for p in out.iterdir()) == ["report.json", "report.md"]
+    assert spied.read_text() == "warm_up\n"  # the spy does see the start when there is one

@@ -1,6 +1,6 @@
 """Benchmark of the rank pool: ``python -m harness.bench [--soak 1000]``.
 
-Prints, against the budgets of ``DESIGN.md``: pool start with 4 ranks (the forkserver's
+Prints, against the project's budgets (:data:`BUDGETS`): pool start with 4 ranks (the forkserver's
 imports, then the ranks joining gloo and running the warm-up step), the first job against
 later ones, empty-job dispatch overhead at world sizes 1, 2 and 4, a tiny FSDP2 training job
 (2 Linear layers, ``fully_shard``, 2 AdamW steps) through the pool against spawning fresh

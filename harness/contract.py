@@ -10,8 +10,9 @@ meshes), and calls the factory there. A factory that cannot honour the spec rais
 It lists what the suites use and nothing more, so that mypy flags a suite calling anything
 else; the behaviour each member owes is in ``CONTRACT.md`` (the API-* clauses).
 
-The field names and defaults of :class:`StrategySpec` are fixed by the design
-(``DESIGN.md``, "The contract for third-party strategies"): third parties code against them.
+The field names and defaults of :class:`StrategySpec` are fixed (they are the reference
+strategies' constructor argument names; the README's "Validate your own strategy" shows a
+factory reading them): third parties code against them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What both reference strategy families share (SPEC.md section 1).
+"""What both reference strategy families share (CONTRACT.md section 1, API-1..API-8).
 
 :class:`ShardedStrategyBase` owns the process group handling, the rank's device, the
 collectives, the precision plugin, the refusal of ``checkpoint_io`` and the delegation of
@@ -267,7 +267,7 @@ class ShardedStrategyBase(abc.ABC):
         storage_options: Any | None = None,
         filter: dict[str, Callable[[str, Any], bool]] | None = None,
     ) -> None:
-        """Save ``state`` to ``path`` (SPEC.md section 5) in this strategy's format.
+        """Save ``state`` to ``path`` (CONTRACT.md CKPT-SAVE-*) in this strategy's format.
 
         Args:
             path: target file (full format) or directory (sharded format); rank 0's wins.

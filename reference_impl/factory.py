@@ -1,4 +1,4 @@
-"""``make_strategy(spec)``: the default plug-in of shardcheck (DESIGN.md, "The contract").
+"""``make_strategy(spec)``: the default plug-in of shardcheck (``--strategy``, CONTRACT.md).
 
 The harness calls it on every rank with a :class:`harness.StrategySpec`. It builds the
 reference :class:`~reference_impl.fsdp.FSDPStrategy` or

@@ -1,4 +1,4 @@
-"""The global gradient norm of an FSDP1 model (SPEC.md CLIP-1).
+"""The global gradient norm of an FSDP1 model (CONTRACT.md CLIP-1).
 
 [Note: clipping] FSDP1's ``clip_grad_norm_`` has no non-finite check and scales as soon as
 it has the norm. :func:`fsdp_grad_norm` only computes the norm, as if the model were not

@@ -1,4 +1,5 @@
-"""Validation of :class:`~reference_impl.fsdp.FSDPStrategy` constructor options (SPEC.md §2).
+"""Validation of :class:`~reference_impl.fsdp.FSDPStrategy` constructor options (CONTRACT.md
+CFG-1..CFG-6, CFG-10).
 
 Each function checks one option eagerly and returns it in the form the strategy uses, or
 raises an error that names the option, its value, the constraint and the fix.

@@ -1,4 +1,4 @@
-"""Materializing meta-device modules (SPEC.md API-3, INIT-1), shared by both families.
+"""Materializing meta-device modules (CONTRACT.md API-3, INIT-1), shared by both families.
 
 The contract: after ``setup_module`` every module that directly owns parameters or buffers
 has had its ``reset_parameters()`` called exactly once on real storage, and parameters that

@@ -1,4 +1,4 @@
-"""Precision plugins shared by the reference strategies (SPEC.md PREC-1..4, CFG-7).
+"""Precision plugins shared by the reference strategies (CONTRACT.md PREC-1..4, CFG-7).
 
 A plugin says, for one precision mode, which dtype modules are created in, how inputs are
 converted, what runs around the forward pass, which FSDP1 ``MixedPrecision`` / FSDP2

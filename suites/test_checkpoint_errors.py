@@ -1,4 +1,5 @@
-"""SPEC.md section 5: error contracts of ``save_checkpoint``/``load_checkpoint``.
+"""CONTRACT.md CKPT-SAVE-1, CKPT-SAVE-2, CKPT-SAVE-3 and CKPT-SAVE-5: error contracts of
+``save_checkpoint``/``load_checkpoint``.
 
 Each condition must raise the stated exception (an ``Exception``: torch's
 ``CheckpointException`` is a ``BaseException`` and must not reach the caller), with a message

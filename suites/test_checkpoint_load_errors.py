@@ -1,4 +1,4 @@
-"""SPEC.md section 5: what ``load_checkpoint`` refuses (CKPT-LOAD-1) and never unpickles
+"""CONTRACT.md section 5: what ``load_checkpoint`` refuses (CKPT-LOAD-1) and never unpickles
 (CKPT-SEC-1). Every refusal is an ``Exception`` of the stated type that names the path or
 says what to do, and leaves the files on disk unchanged.
 """

@@ -1,5 +1,5 @@
-"""SPEC.md section 5: a list of optimizers (the trainer's ``optimizer_states``) in the
-sharded format, both families.
+"""CONTRACT.md CKPT-TRAINER-1, CKPT-RT-2 and CKPT-RT-4 (MP-3 for model_parallel): a list of
+optimizers (the trainer's ``optimizer_states``) in the sharded format, both families.
 
 One job per example saves a model and two optimizers (the blocks / the rest, at two learning
 rates) under one key as a list, in the sharded format, then loads that directory into fresh

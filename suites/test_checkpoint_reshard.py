@@ -1,4 +1,5 @@
-"""SPEC.md section 5: resharding (save at world size A, load at B) and offline conversion.
+"""CONTRACT.md CKPT-RT-3 and CKPT-RT-4 (MP-3 on the model_parallel cases): resharding (save
+at world size A, load at B) and offline conversion.
 
 Each example runs two jobs at two world sizes on one checkpoint directory that the
 controller creates: the param id (``4to2``) and every failure message name both sizes.

@@ -1,4 +1,5 @@
-"""SPEC.md CKPT-RT-5 as a stateful test: resuming from a checkpoint equals never stopping.
+"""CONTRACT.md CKPT-RT-5 (and MP-3) as a stateful test: resuming from a checkpoint equals
+never stopping.
 
 :class:`ResumeMachine` lives in the controller. Its rules train one step (micro-batches
 accumulated under ``no_backward_sync``, optionally clipped), save (in the segment's

@@ -1,4 +1,5 @@
-"""SPEC.md section 5: full and sharded round trips at one world size, both families.
+"""CONTRACT.md CKPT-RT-1 and CKPT-RT-2, with CKPT-SAVE-4, CKPT-LOAD-2, CKPT-STRICT-3,
+CKPT-BUF-1 (and MP-3): full and sharded round trips at one world size, both families.
 
 One job per example: train (0-2 steps), save model, optimizer and user metadata, read what
 was saved with torch's own gathered-state APIs, load into fresh objects (another seed and

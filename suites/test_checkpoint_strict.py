@@ -1,4 +1,5 @@
-"""SPEC.md section 5: strict and non-strict loading, both formats and families.
+"""CONTRACT.md CKPT-STRICT-1 and CKPT-STRICT-2 (and MP-3): strict and non-strict loading,
+both formats and families.
 
 Two models that differ by the keys of their ``Scale`` module (``scale.gate``,
 ``scale.scale``) and by their seed save one checkpoint each; each then loads the other's.

@@ -1,5 +1,6 @@
-"""SPEC.md section 6 (model_parallel family): the 2-D mesh, tensor parallel + FSDP2 parity and
-layout, gradient-sync switching. MP-3 (checkpoints) lives in the checkpoint suites.
+"""CONTRACT.md MP-1, MP-2 and MP-4, with SHARD-1, TRAIN-1 and SYNC-1 (model_parallel family):
+the 2-D mesh, tensor parallel + FSDP2 parity and layout, gradient-sync switching. MP-3
+(checkpoints) lives in the checkpoint suites.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""SPEC.md section 4, precision clauses: dtypes of parameters, gradients, optimizer state,
-compute and buffers; the sharded gradient scaler; parity within each precision's tolerance.
+"""CONTRACT.md PREC-1..PREC-4 (and TRAIN-1 per precision): dtypes of parameters, gradients,
+optimizer state, compute and buffers; the sharded gradient scaler; parity within each
+precision's tolerance.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""SPEC.md PREC-3 for the model_parallel family: ``bf16-true``/``16-true``.
+"""CONTRACT.md PREC-3 (with TRAIN-1, MP-2) for the model_parallel family:
+``bf16-true``/``16-true``.
 
 PREC-3 names no family, so a model_parallel strategy that accepts a true low precision
 (CFG-7) must create the model's parameters in the low dtype inside ``module_init_context``,

@@ -15,9 +15,9 @@ strategy class itself, so the suites see its own behaviour (and its own deviatio
 [Note: Lightning FSDPStrategy on CPU] Lightning Fabric's ``FSDPStrategy.setup_module`` passes
 ``device_id=self.root_device.index`` to ``FullyShardedDataParallel``; on CPU that is ``None``
 and FSDP refuses a CPU module without ``device_id`` ("FSDP needs a non-CPU accelerator
-device", FINDINGS.md, Lightning 2.6.6). So on a CPU rank the adapter builds the strategy (its
-constructor's validation still runs) and then raises ``Unsupported`` naming the device,
-unless the class overrides ``setup_module``.
+device", measured with Lightning 2.6.6 and torch 2.13). So on a CPU rank the adapter builds
+the strategy (its constructor's validation still runs) and then raises ``Unsupported`` naming
+the device, unless the class overrides ``setup_module``.
 """
 
 from __future__ import annotations

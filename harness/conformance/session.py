@@ -53,7 +53,7 @@ def _clauses_of(item: pytest.Item) -> list[str]:
             if not isinstance(arg, str) or not arg.strip():
                 raise pytest.UsageError(
                     f"{item.nodeid}: @pytest.mark.clause({arg!r}) is not a clause id; "
-                    "pass SPEC.md ids as strings, e.g. @pytest.mark.clause('CKPT-RT-3')."
+                    "pass CONTRACT.md ids as strings, e.g. @pytest.mark.clause('CKPT-RT-3')."
                 )
             clauses.add(arg.strip())
     return sorted(clauses)

@@ -1,7 +1,7 @@
 """The conformance report: its model, the ``report.json``/``report.md`` writers, and ``diff``.
 
 A report lists every check that was collected (none is dropped: a check that was deselected
-is listed under ``selection``), each with its outcome, and groups them by the SPEC.md clauses
+is listed under ``selection``), each with its outcome, and groups them by the CONTRACT.md clauses
 they declare. A clause takes the worst outcome of its checks.
 
 ``python -m harness.report diff OLD.json NEW.json`` answers "what did this change break?":

@@ -83,7 +83,7 @@ class CheckResult:
 
     Args:
         id: the stable check id, ``<suite module>.<test>[<param id>]``.
-        clauses: the SPEC.md clause ids the check declares.
+        clauses: the CONTRACT.md clause ids the check declares.
         outcome: one of :data:`OUTCOMES`.
         duration_s: setup + call + teardown time in seconds.
         failure: why it did not pass (failure summary, skip reason, xfail reason); None if

@@ -1,4 +1,4 @@
-"""Checkpoint I/O shared by the reference strategies (SPEC.md section 5).
+"""Checkpoint I/O shared by the reference strategies (CONTRACT.md section 5, the CKPT-* clauses).
 
 Two formats, for FSDP1, FSDP2 and tensor-parallel (DTensor) models alike:
 

@@ -161,9 +161,10 @@ def split_state(state: Mapping[str, Any]) -> StateEntries:
 # [Note: cpu_offload only for accelerator shards]
 # `StateDictOptions(cpu_offload=True)` with a full state dict makes FSDP1 "offload" its
 # gathered tensors to CPU; when the shards already live on CPU that offload aliases storage
-# that is freed right after, and the process segfaults (FINDINGS.md). So we offload only
-# when the shards live on an accelerator; on CPU every rank gathers the full state instead
-# and only rank 0 writes it.
+# that is freed right after, and the process segfaults (measured with torch 2.13 on CPU,
+# gloo; the optimizer's full state dict does the same, and no offload works). So we offload
+# only when the shards live on an accelerator; on CPU every rank gathers the full state
+# instead and only rank 0 writes it.
 def _shards_on_accelerator(module: nn.Module) -> bool:
     for param in module.parameters():
         local = param.to_local() if isinstance(param, DTensor) else param

@@ -1,4 +1,4 @@
-"""FSDPStrategy construction, validation and API surface (SPEC.md sections 1 and 2).
+"""FSDPStrategy construction, validation and API surface (CONTRACT.md sections 1 and 2).
 
 Constructor checks that need no process group run in the controller; the rest run on ranks
 and go through ``ctx.make_strategy`` (the default factory, ``reference_impl:make_strategy``),

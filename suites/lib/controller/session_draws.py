@@ -1,4 +1,4 @@
-"""What the training-session check (SPEC.md TRAIN-4) draws, and what its sessions ran.
+"""What the training-session check (CONTRACT.md TRAIN-4) draws, and what its sessions ran.
 
 :func:`session_scenarios` draws a session's starting scenario of one family from what the
 strategy takes: world size, sharding strategy (hybrid meshes with more than one replica),

@@ -1,4 +1,4 @@
-"""The training-session check's driver (SPEC.md TRAIN-4): actions, segments, the twin.
+"""The training-session check's driver (CONTRACT.md TRAIN-4): actions, segments, the twin.
 
 :class:`SessionDriver` holds what a session holds: the plain twin
 (:mod:`suites.lib.controller.session_twin`), the current segment

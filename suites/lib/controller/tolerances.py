@@ -1,6 +1,6 @@
 """Tolerances for recomputed values, per precision x optimizer, each with its reason.
 
-SPEC.md: "equal" is bitwise for state that only moved between processes or files (use
+CONTRACT.md: "equal" is bitwise for state that only moved between processes or files (use
 :data:`EXACT`), and within this table for anything that was recomputed. Every figure below
 is an absolute/relative pair for ``|actual - expected| <= atol + rtol * |expected|``, plus
 ``per_update``: a term added to ``atol`` per optimizer step and learning rate, for optimizers

@@ -1,4 +1,4 @@
-"""Helpers of the construction and validation tests (SPEC.md section 2), rank side.
+"""Helpers of the construction and validation tests (CONTRACT.md CFG-1..CFG-10), rank side.
 
 Strategies are built only through the plug-in contract (``ctx.make_strategy``); an error
 from the factory or from ``setup_environment`` counts as an error "at construction". The

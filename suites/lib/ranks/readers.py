@@ -23,7 +23,8 @@ def gathered_state(model: nn.Module) -> dict[str, Tensor]:
     """The full (unsharded) model state dict, cloned to CPU, keys without wrapper prefixes.
 
     Read with ``get_model_state_dict(full_state_dict=True)``; never with ``cpu_offload``
-    (FSDP1 segfaults on CPU with it, FINDINGS.md).
+    (FSDP1 segfaults on CPU with it: see [Note: cpu_offload only for accelerator shards]
+    in ``reference_impl/checkpoint/state.py``).
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 

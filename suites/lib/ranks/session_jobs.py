@@ -1,4 +1,4 @@
-"""Rank side of the training-session check (SPEC.md TRAIN-4): run one segment of ops.
+"""Rank side of the training-session check (CONTRACT.md TRAIN-4): run one segment of ops.
 
 A *segment* (:class:`~suites.lib.shared.session_ops.Segment`) is what one strategy instance
 does: set up (fresh init), apply the session's structure so far (frozen names, added groups)

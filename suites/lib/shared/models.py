@@ -3,7 +3,8 @@
 Every module that owns parameters or buffers directly seeds its own ``reset_parameters``
 from ``(spec.seed, qualified name)``, so a model initialized eagerly and one created on the
 meta device and materialized later (by FSDP1 unit by unit, or by ``to_empty`` on DTensors)
-hold exactly the same values (see FINDINGS.md: stock ``nn.Linear`` init cannot give that).
+hold exactly the same values (stock ``nn.Linear`` init cannot give that: FSDP1 materializes
+wrap units bottom-up, and DTensor random ops on CPU do not replay the CPU generator).
 
 The zoo looks like the models people shard: besides MLP blocks it has a tiny pre-norm
 transformer block (:class:`AttentionBlock`: hand-written q/k/v/o attention or

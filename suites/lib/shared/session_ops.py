@@ -1,4 +1,4 @@
-"""The operations of a training session (SPEC.md TRAIN-4), as data both sides read.
+"""The operations of a training session (CONTRACT.md TRAIN-4), as data both sides read.
 
 The controller's state machine (``suites/test_training_session.py``) draws them and its plain
 twin (:mod:`suites.lib.controller.session_twin`) applies them in this process; a

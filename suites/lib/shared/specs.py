@@ -176,7 +176,7 @@ class OptimSpec:
         lr: learning rate of group 0; group ``i`` uses ``lr * lr_scales[i]``.
         groups: ``one``, ``by_kind`` (weights / other) or ``by_depth`` (blocks / other).
         momentum: SGD momentum.
-        eps: Adam(W) eps: 1e-4, for fp16 (FINDINGS.md) and for an attention's key bias
+        eps: Adam(W) eps: 1e-4, for fp16 (1e-8 rounds to 0 there) and for an attention's key bias
             (see ``tolerances._FP32_ADAM``).
         weight_decay: AdamW weight decay of group 0 (other groups: 0).
         lr_scales: per-group learning-rate factors.

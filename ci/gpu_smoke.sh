@@ -12,7 +12,7 @@
 # Exits non-zero if a step failed or ran out of time; on a machine without a GPU it says
 # so and exits 0 after step 4 (the GPU steps report `environment`). STEPS (default all:
 # "harness-tests readme nccl-world1 lightning-nccl") runs only the steps it names.
-set -uo pipefail
+set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-reports/gpu-smoke}
 PROFILE=${SHARDCHECK_PROFILE:-ci}
@@ -52,10 +52,9 @@ step() {
         *" $name "*) ;;
         *) return 0 ;;
     esac
-    local began=$SECONDS rc
+    local began=$SECONDS rc=0
     timeout -s INT -k 20 "$seconds" python3 -m pytest -q -p no:cacheprovider "$@" \
-        >"$OUT/$name.log" 2>&1
-    rc=$?
+        >"$OUT/$name.log" 2>&1 || rc=$?
     echo "gpu_smoke: $name: rc=$rc in $((SECONDS - began)) s: $(tail -n 1 "$OUT/$name.log")"
     [ "$rc" -eq 0 ] || [ "$findings_only" -eq 1 ] || failed+=("$name")
 }

@@ -21,6 +21,7 @@ __all__ = [
     "BACKENDS",
     "HarnessConfig",
     "default_nproc",
+    "describe_backends",
     "gpu_count",
     "resolve_backend",
     "strategy_factory",
@@ -49,6 +50,10 @@ def default_nproc() -> int:
 def resolve_backend(backend: str, world_size: int) -> str:
     """``auto`` -> ``nccl`` when there is one GPU per rank, else ``gloo``.
 
+    Decided per world size: on a machine with fewer GPUs than ``--nproc`` the world sizes
+    the GPUs cover run on NCCL and the larger ones on gloo, whose ranks see no GPU (see
+    [Note: a rank owns its device] in :mod:`harness.runner`).
+
     Args:
         backend: ``auto``, ``gloo`` or ``nccl``.
         world_size: the ranks that need a GPU each on this machine (in attach mode, this
@@ -66,6 +71,30 @@ def resolve_backend(backend: str, world_size: int) -> str:
             "visible; use --backend gloo (CPU) or a smaller --nproc."
         )
     return backend
+
+
+def describe_backends(backend: str, world_sizes: list[int]) -> str:
+    """The backend each of ``world_sizes`` runs on, in words: ``gloo``, or with ``auto`` on
+    a machine with fewer GPUs than ranks ``nccl at world size 1, gloo at 2-4 (gloo ranks see
+    no GPU)``."""
+    by_size: dict[str, list[int]] = {}
+    for size in sorted(world_sizes):
+        try:
+            chosen = resolve_backend(backend, size)
+        except ValueError:
+            chosen = backend
+        by_size.setdefault(chosen, []).append(size)
+    if len(by_size) <= 1:
+        return next(iter(by_size), backend)
+    parts = [f"{name} at world size {_span(sizes)}" for name, sizes in by_size.items()]
+    return ", ".join(parts) + " (gloo ranks see no GPU)"
+
+
+def _span(sizes: list[int]) -> str:
+    """``1``, ``2-4`` or ``1, 3``."""
+    if len(sizes) > 1 and sizes == list(range(sizes[0], sizes[-1] + 1)):
+        return f"{sizes[0]}-{sizes[-1]}"
+    return ", ".join(map(str, sizes))
 
 
 @dataclass

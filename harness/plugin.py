@@ -26,6 +26,7 @@ from harness.config import (
     BACKENDS,
     HarnessConfig,
     default_nproc,
+    describe_backends,
     resolve_backend,
     strategy_factory,
 )
@@ -229,11 +230,14 @@ def refuse_xdist(config: Any) -> None:
 def pytest_report_header(config: pytest.Config) -> str:
     """One header line with the session's harness settings."""
     cfg = session_of(config).config
+    backends = ""
+    if cfg.backend == "auto" and cfg.attach is None:
+        backends = f" ({describe_backends('auto', cfg.world_sizes())})"
     mode = ""
     if cfg.attach is not None:
         mode = f" attach=torchrun({cfg.attach.nnodes} node(s) x {cfg.attach.local_world_size})"
     return (
-        f"shardcheck: nproc={cfg.nproc}{mode} backend={cfg.backend} "
+        f"shardcheck: nproc={cfg.nproc}{mode} backend={cfg.backend}{backends} "
         f"rank-timeout={cfg.rank_timeout:g}s strategy={cfg.strategy}"
     )
 

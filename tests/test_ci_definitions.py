@@ -67,7 +67,8 @@ def test_nightly_keeps_the_database_and_uploads_reports() -> None:
 
 def test_torch_matrix_installs_each_version_apart_and_diffs_the_reports() -> None:
     matrix = (ROOT / "ci" / "torch_matrix.sh").read_text()
-    assert "2.13.0 2.14.1" in matrix  # the versions README.md lists as tested
+    versions = "2.11.0 2.12.1 2.13.0 2.14.1"  # every supported minor release
+    assert versions in matrix
     assert ".venv-torch-$version" in matrix and "bash ci/install.sh" in matrix
     assert "python -m harness.report diff" in matrix
     assert "--conformance-strict" in matrix
@@ -76,9 +77,14 @@ def test_torch_matrix_installs_each_version_apart_and_diffs_the_reports() -> Non
     )
     assert ignored.returncode == 0, ".venv-torch-* must be git-ignored"
     readme = (ROOT / "README.md").read_text()
-    assert "**2.13.0**" in readme and "**2.14.1**" in readme
+    for version in versions.split():  # README's table has a measured row for each
+        assert re.search(rf"^\| {re.escape(version)} \| .* passed", readme, re.M), version
+    from harness.torch_compat import OLDEST
+
+    oldest = ".".join(map(str, OLDEST))
     pyproject = (ROOT / "pyproject.toml").read_text()
-    assert '"torch>=2.13"' in pyproject  # the oldest version in the matrix
+    assert f'"torch>={oldest}"' in pyproject  # the oldest version in the matrix
+    assert versions.startswith(f"{oldest}.")
 
 
 def _torch_command(**env: str) -> str:

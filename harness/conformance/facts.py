@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from harness.config import HarnessConfig, resolve_backend
+from harness.config import HarnessConfig, describe_backends
 from harness.session import session_of
 
 __all__ = ["environment", "reproducer", "strategy", "suite_version"]
@@ -67,18 +67,9 @@ def strategy(config: pytest.Config) -> dict[str, Any]:
     }
 
 
-def _backend(backend: str, sizes: list[int]) -> str:
-    if backend == "auto":
-        try:
-            return resolve_backend("auto", max(sizes or [1]))
-        except ValueError:
-            pass
-    return backend
-
-
 def _device(backend: str) -> str:
     torch = sys.modules.get("torch")
-    if torch is None or backend == "gloo" or not torch.cuda.is_available():
+    if torch is None or "nccl" not in backend or not torch.cuda.is_available():
         return "cpu"
     # device_count does not initialize CUDA in the controller (the ranks own the devices)
     return f"cuda ({torch.cuda.device_count()} devices)"
@@ -98,7 +89,7 @@ def environment(config: pytest.Config, world_sizes: Iterable[int]) -> dict[str, 
     sizes = sorted(set(world_sizes) | set(session.world_sizes_used()))
     if not sizes:
         sizes = [nproc]
-    backend = _backend(settings.backend, sizes)
+    backend = describe_backends(settings.backend, sizes)
     return {
         "torch": _version("torch"),
         "python": platform.python_version(),

@@ -106,3 +106,19 @@ def test_a_rank_failing_at_start_ends_the_start_in_seconds() -> None:
     assert "forming process group 1 of 2 local ranks failed" in story
     assert "rank 1 raised" in story  # the rank's own error is the verdict
     assert "rank 0" in story and "after rank 1 raised" in story  # rank 0 was not waited out
+
+
+def test_auto_runs_nccl_where_the_gpus_cover_the_world_and_gloo_above(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from harness import config
+
+    monkeypatch.setattr(config, "gpu_count", lambda: 1)
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+    assert [config.resolve_backend("auto", n) for n in (1, 2, 4)] == ["nccl", "gloo", "gloo"]
+    assert config.describe_backends("auto", [1, 2, 3, 4]) == (
+        "nccl at world size 1, gloo at world size 2-4 (gloo ranks see no GPU)"
+    )
+    assert config.describe_backends("gloo", [1, 2, 3, 4]) == "gloo"
+    monkeypatch.setattr(config, "gpu_count", lambda: 0)
+    assert config.describe_backends("auto", [1, 2, 4]) == "gloo"

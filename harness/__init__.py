@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from harness.api import max_world_size, run_on_ranks, world_sizes
-from harness.attribution import clause
-from harness.context import RankContext
-from harness.contract import MeshStrategy, Strategy, StrategySpec, Unsupported
-from harness.outcomes import Outcome, RankFailure
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harness.api import max_world_size, run_on_ranks, world_sizes
+    from harness.attribution import clause
+    from harness.context import RankContext
+    from harness.contract import MeshStrategy, Strategy, StrategySpec, Unsupported
+    from harness.outcomes import Outcome, RankFailure
 
 __all__ = [
     "MeshStrategy",
@@ -21,3 +25,28 @@ __all__ = [
     "run_on_ranks",
     "world_sizes",
 ]
+
+#: where each name lives: imported on first use, so that importing a submodule (the pytest
+#: plugins do, in every pytest run of the environment) does not import torch
+_HOMES = {
+    "MeshStrategy": "harness.contract",
+    "Outcome": "harness.outcomes",
+    "RankContext": "harness.context",
+    "RankFailure": "harness.outcomes",
+    "Strategy": "harness.contract",
+    "StrategySpec": "harness.contract",
+    "Unsupported": "harness.contract",
+    "clause": "harness.attribution",
+    "max_world_size": "harness.api",
+    "run_on_ranks": "harness.api",
+    "world_sizes": "harness.api",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'harness' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value

@@ -16,6 +16,7 @@ import torch
 
 from harness.attach.session import AttachInfo
 from harness.contract import DEFAULT_FACTORY
+from harness.defaults import BACKENDS
 
 __all__ = [
     "BACKENDS",
@@ -26,8 +27,6 @@ __all__ = [
     "resolve_backend",
     "strategy_factory",
 ]
-
-BACKENDS = ("auto", "gloo", "nccl")
 
 
 def strategy_factory(given: str | None = None) -> str:

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from harness.defaults import DEFAULT_FACTORY
 from harness.refusals import Refusal
 
 if TYPE_CHECKING:
@@ -51,7 +52,6 @@ __all__ = [
     "spec_field_names",
 ]
 
-DEFAULT_FACTORY = "reference_impl:make_strategy"
 FAMILIES = ("fsdp", "model_parallel")
 PRECISIONS = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")
 

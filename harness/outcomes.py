@@ -30,6 +30,7 @@ __all__ = [
     "RankFailure",
     "RemoteError",
     "format_story",
+    "normalize_per_rank",
     "outcome_from_error",
     "outcome_from_reply",
     "outcome_from_result",
@@ -149,7 +150,12 @@ class Outcome:
 
     def story(self) -> str:
         """The headline followed by the traceback, stacks and stderr tail that explain it."""
-        parts = [self.headline()]
+        return "\n".join(p for p in (self.headline(), self.explanation()) if p)
+
+    def explanation(self) -> str:
+        """The traceback, stacks and stderr tail that explain the headline, indented (``""``
+        when there are none)."""
+        parts = []
         if self.error is not None:
             parts.append(_indent(self.error.traceback))
         if self.stacks:
@@ -161,6 +167,48 @@ class Outcome:
             tail = "\n".join(self.stderr.rstrip().splitlines()[-_TAIL_LINES:])
             parts.append(_indent(f"stderr (last lines):\n{tail}"))
         return "\n".join(p.rstrip() for p in parts if p.strip())
+
+
+#: what differs between ranks that failed the same way: rank numbers, process ids, object
+#: and thread addresses, hosts and ports, temporary names (line numbers and values stay: they
+#: tell bugs apart)
+_PER_RANK = (
+    (re.compile(r"\b((?:local_|global_)?ranks?[ _=:#-]?)\d+", re.I), r"\1<N>"),
+    (re.compile(r"\b(pid[ =:]?|process |worker )\d+", re.I), r"\1<PID>"),
+    (re.compile(r"\b0x[0-9a-fA-F]+\b"), "<ADDR>"),
+    (re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b"), "<HOST>"),
+    (re.compile(r"\b(localhost|\[::1?\]):\d+\b"), r"\1:<PORT>"),
+    (re.compile(r"\btmp[a-z0-9_]{8}\b"), "tmp<RANDOM>"),  # tempfile's names
+)
+
+
+def normalize_per_rank(text: str) -> str:
+    """``text`` with rank numbers, pids, addresses and ports replaced by placeholders, so
+    that two ranks' tracebacks compare equal when only those differ."""
+    for pattern, placeholder in _PER_RANK:
+        text = pattern.sub(placeholder, text)
+    return text
+
+
+def rank_range(ranks: Sequence[int]) -> str:
+    """``ranks 0-3``, ``ranks 0, 2, 5-7``, ``rank 4``: sorted, runs of three or more joined."""
+    values = sorted(set(ranks))
+    runs: list[list[int]] = []
+    for r in values:
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    parts = []
+    for run in runs:
+        if len(run) >= 3:
+            parts.append(f"{run[0]}-{run[-1]}")
+        else:
+            parts.extend(map(str, run))
+    return ("ranks " if len(values) > 1 else "rank ") + ", ".join(parts)
+
+
+_SAME = {"raised": "same traceback", "hung": "same stacks", "crashed": "same crash report"}
 
 
 _WATCHDOG = re.compile(
@@ -208,8 +256,31 @@ def format_story(outcomes: Sequence[Outcome], what: str) -> str:
     summary = ", ".join(f"rank {o.rank} {o.kind}" for o in failed)
     n_ok = len(outcomes) - len(failed)
     lines = [f"{what}: {summary}; {n_ok} of {len(outcomes)} ranks ok (first failure first)"]
-    lines.extend(o.story() for o in ordered)
+    lines.extend(_grouped_stories(ordered))
     return "\n".join(lines)
+
+
+def _grouped_stories(ordered: Sequence[Outcome]) -> list[str]:
+    """Each rank's headline; each distinct explanation once. Ranks whose explanations are
+    equal once :func:`normalize_per_rank` has run (the same traceback on every rank, say)
+    are listed together, first failure first, under one "ranks 0-3: same traceback" line
+    and the first one's explanation."""
+    groups: dict[tuple[str, str], list[Outcome]] = {}
+    for o in ordered:
+        text = o.explanation()
+        key = (o.kind, normalize_per_rank(text)) if text else ("", f"alone {o.rank}")
+        groups.setdefault(key, []).append(o)
+    out = []
+    for members in groups.values():
+        first = members[0]
+        if len(members) == 1:
+            out.append(first.story())
+            continue
+        out.extend(o.headline() for o in members)
+        same = _SAME.get(first.kind, "same report")
+        out.append(f"{rank_range([o.rank for o in members])}: {same} (rank {first.rank}'s)")
+        out.append(first.explanation())
+    return out
 
 
 class RankFailure(Exception):

@@ -7,39 +7,28 @@ SECONDS`` (default job deadline), ``--strategy MODULE:CALLABLE`` (env ``SHARDCHE
 ``--strategy-option KEY=VALUE`` (repeatable) and ``--shared-dir DIR`` (where job files go;
 needed by attach mode across nodes). Under ``python -m harness.attach`` (torchrun) the plugin
 drives torchrun's ranks instead of starting its own (:mod:`harness.attach`). Hypothesis
-profiles ``ci``, ``dev`` (the default) and ``nightly`` are registered when this module is
-imported, before Hypothesis' own ``--hypothesis-profile`` option loads one. Each rank's output
+profiles ``ci``, ``dev`` (the default) and ``nightly`` are registered before Hypothesis' own
+``--hypothesis-profile`` option loads one. Each rank's output
 of a job is attached to the test's report as sections ``rank N stdout``/``stderr``; rank
 warnings are counted once per distinct warning and shown in one summary at the end.
 Pools stop at the end of the session (also after Ctrl-C and ``-x``).
+
+In a run that does not use the harness this module costs (nearly) nothing: it imports no
+torch and starts no session; see [Note: the plugins' cost] in :mod:`harness.inplay` for the
+rule, and :func:`start` for what a run that does use it gets.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
 
-from harness import resources, sigterm, torch_compat
-from harness.attach.session import AttachError, info_from_env
-from harness.config import (
-    BACKENDS,
-    HarnessConfig,
-    default_nproc,
-    describe_backends,
-    resolve_backend,
-    strategy_factory,
-)
-from harness.contract import (
-    DEFAULT_FACTORY,
-    StrategyFactoryError,
-    load_factory,
-    parse_strategy_options,
-)
-from harness.session import SESSION_PLUGIN, HarnessSession, session_of
-from harness.sessionplugin import SessionPlugin
+from harness import inplay, resources, sigterm
+from harness.defaults import BACKENDS, DEFAULT_FACTORY, STRATEGY_ENV
 
-__all__ = ["register_hypothesis_profiles"]
+__all__ = ["register_hypothesis_profiles", "start"]
 
 MARKER = "world_size"
 #: examples per Hypothesis check. ``ci`` is fast and derandomized: the suites reach every
@@ -84,20 +73,17 @@ def register_hypothesis_profiles() -> None:
         settings.load_profile("ci" if current == "ci" else "dev")
 
 
-register_hypothesis_profiles()
-
-
 def check_hypothesis_profile(name: str | None) -> None:
     """Refuse a ``--hypothesis-profile`` nobody registered, naming the registered ones.
 
     Raises:
         pytest.UsageError: the profile is not registered.
     """
+    if not name:
+        return
     from hypothesis import settings
     from hypothesis.errors import InvalidArgument
 
-    if not name:
-        return
     try:
         settings.get_profile(name)
     except InvalidArgument:
@@ -110,9 +96,13 @@ def check_hypothesis_profile(name: str | None) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
-    """Check ``--hypothesis-profile`` before any plugin is configured: before Hypothesis'
+    """Register our Hypothesis profiles when the run uses the harness or names a profile, and
+    check ``--hypothesis-profile``: before any plugin is configured, so before Hypothesis'
     plugin loads it (an INTERNALERROR otherwise) and before any rank starts."""
-    check_hypothesis_profile(config.getoption("--hypothesis-profile", default=None))
+    profile = config.getoption("--hypothesis-profile", default=None)
+    if profile or inplay.wanted(config):
+        register_hypothesis_profiles()
+    check_hypothesis_profile(profile)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -142,7 +132,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--strategy",
         default=None,
         metavar="MODULE:CALLABLE",
-        help=f"strategy factory under test (env SHARDCHECK_STRATEGY; default {DEFAULT_FACTORY})",
+        help=f"strategy factory under test (env {STRATEGY_ENV}; default {DEFAULT_FACTORY})",
     )
     group.addoption(
         "--shared-dir",
@@ -173,10 +163,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help=f"start --nproc ranks even beyond {resources.RANKS_PER_CORE} CPU ranks per core "
         "or the memory available (refused by default)",
     )
+    inplay.remember_options(group)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Refuse xdist, check the options, make the harness session and register its plugin."""
+    """Register the marker, refuse xdist; in a run that uses the harness, :func:`start` it."""
     config.addinivalue_line(
         "markers",
         f"{MARKER}(*sizes): world sizes the test runs at; skipped when a size exceeds "
@@ -185,6 +176,23 @@ def pytest_configure(config: pytest.Config) -> None:
     refuse_xdist(config)
     if config.option.help or config.option.version:
         return
+    if inplay.wanted(config):
+        inplay.activate(config)
+
+
+def start(config: pytest.Config, pytest_session: pytest.Session | None = None) -> None:
+    """Check the options, make the harness session and register its plugin; warm it up.
+
+    Called once per run by :func:`harness.inplay.activate`: from ``pytest_configure``, or
+    during collection (``pytest_session`` then is the running session).
+    """
+    from harness import torch_compat
+    from harness.attach.session import AttachError, info_from_env
+    from harness.config import HarnessConfig, default_nproc, resolve_backend, strategy_factory
+    from harness.contract import StrategyFactoryError, load_factory, parse_strategy_options
+    from harness.session import SESSION_PLUGIN, HarnessSession
+    from harness.sessionplugin import SessionPlugin
+
     strategy = strategy_factory(config.getoption("strategy"))
     try:
         torch_compat.check_torch_version()  # before any rank starts: one line, exit 4
@@ -210,7 +218,9 @@ def pytest_configure(config: pytest.Config) -> None:
         session = HarnessSession(settings)
     except (StrategyFactoryError, ValueError, AttachError) as exc:
         raise pytest.UsageError(str(exc)) from None
-    config.pluginmanager.register(SessionPlugin(session), SESSION_PLUGIN)
+    plugin = SessionPlugin(session)
+    plugin.pytest_session = pytest_session
+    config.pluginmanager.register(plugin, SESSION_PLUGIN)
     sigterm.install()
     if attach is None and not config.option.collectonly:
         session.warm_up()
@@ -227,8 +237,13 @@ def refuse_xdist(config: Any) -> None:
         )
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    """One header line with the session's harness settings."""
+def pytest_report_header(config: pytest.Config) -> str | None:
+    """One header line with the session's harness settings (none before the harness starts)."""
+    if not inplay.is_active(config):
+        return None
+    from harness.config import describe_backends
+    from harness.session import session_of
+
     cfg = session_of(config).config
     backends = ""
     if cfg.backend == "auto" and cfg.attach is None:
@@ -240,6 +255,17 @@ def pytest_report_header(config: pytest.Config) -> str:
         f"shardcheck: nproc={cfg.nproc}{mode} backend={cfg.backend}{backends} "
         f"rank-timeout={cfg.rank_timeout:g}s strategy={cfg.strategy}"
     )
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Keep the pytest session, for a harness that starts during collection."""
+    inplay.remember_session(session)
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Start the harness once a collected test module has imported it."""
+    if not inplay.is_active(item.config) and inplay.newly_imported(item.config):
+        inplay.activate(item.config)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -269,6 +295,9 @@ def marker_sizes(marker: pytest.Mark) -> list[int]:
 
 
 def _too_big(config: pytest.Config, size: int) -> str | None:
+    from harness.session import session_of
+
+    inplay.activate(config)  # a world_size marker uses the harness
     return session_of(config).unavailable_reason(size)
 
 
@@ -298,6 +327,8 @@ def _scaled_timeout(config: pytest.Config) -> float | None:
     """The test timeout for a Hypothesis test under the active profile: the configured one
     (pytest-timeout's ``timeout``) times the profile's examples over ``ci``'s, so a check
     that fits under ``ci`` fits under ``dev`` and ``nightly`` too; None without a timeout."""
+    if "hypothesis" not in sys.modules:
+        return None  # no test module imported it: no Hypothesis test
     from hypothesis import settings
 
     try:

@@ -91,8 +91,10 @@ class SessionPlugin:
         """Stop the pools as soon as the session ends (also after Ctrl-C and -x)."""
         self.session.shutdown()
 
+    @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        """Print the rank warnings summary (nothing when no rank warned)."""
+        """Print the rank warnings summary (nothing when no rank warned), last: after the
+        conformance summary and findings."""
         write_summary(terminalreporter, self.session.warnings)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:

@@ -27,7 +27,10 @@ SKIP_DIRS = {".git", ".hypothesis", "__pycache__", "build", "dist", "node_module
 #: directories never scanned at the repository root (run outputs)
 SKIP_TOP = {"reports"}
 #: Markdown names that are outputs of the harness, not documents: name -> who writes it
-GENERATED = {"report.md": "harness/report/write.py (the conformance report)"}
+GENERATED = {
+    "report.md": "harness/report/write.py (the conformance report)",
+    "summary.md": "harness/report/write.py (the conformance report's summary)",
+}
 
 _URL = re.compile(r"[a-z][a-z0-9+.-]*://\S+", re.I)
 _MD_NAME = re.compile(r"(?<![\w*./-])((?:\.{1,2}/)*[\w-][\w.-]*(?:/[\w.-]+)*\.md)(?![\w-])")

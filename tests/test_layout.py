@@ -158,6 +158,7 @@ PROCESS_STATE = {
     "harness.rankcoverage.rank._save_failed": "whether this rank already warned of a save",
     "harness.fnref._REF_CACHE": "a cache of resolved function references (no state)",
     "harness.context._FACTORIES": "a rank's cache of loaded strategy factories (no state)",
+    "harness.inplay.OPTIONS": "the options the plugins define, the same in every run (no state)",
 }
 _MUTATORS = {
     "append",

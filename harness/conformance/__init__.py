@@ -24,15 +24,20 @@ Modules: :mod:`~harness.conformance.checks` (ids, outcomes, the expected-failure
 from __future__ import annotations
 
 import errno
+import importlib
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from harness.conformance.checks import check_id
-from harness.conformance.session import ConformancePlugin, _parse_clauses
-from harness.conformance.unsupported import record_unsupported, skip_or_reject_unsupported
+from harness import inplay
+
+if TYPE_CHECKING:
+    from harness.conformance.checks import check_id
+    from harness.conformance.session import ConformancePlugin
+    from harness.conformance.unsupported import record_unsupported, skip_or_reject_unsupported
 
 __all__ = [
     "ConformancePlugin",
@@ -42,6 +47,22 @@ __all__ = [
 ]
 
 PLUGIN_NAME = "shardcheck-conformance-session"
+
+#: where each exported name lives: imported on first use, so that this plugin module costs
+#: nothing in a run that does not use shardcheck ([Note: the plugins' cost] in harness.inplay)
+_HOMES = {
+    "ConformancePlugin": "harness.conformance.session",
+    "check_id": "harness.conformance.checks",
+    "record_unsupported": "harness.conformance.unsupported",
+    "skip_or_reject_unsupported": "harness.conformance.unsupported",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'harness.conformance' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -71,8 +92,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--conformance-strict",
         action="store_true",
         default=False,
-        help="fail the run if any check is not passed or environment (unsupported, xfailed, "
-        "error, failed), so an all-skipped run never looks green.",
+        help="fail the run if any check is not passed, environment or unsupported (xfailed, "
+        "error, failed, blocked...), or if the strategy declared every check unsupported, so "
+        "an all-skipped run never looks green. A strategy that offers part of the space "
+        "conforms when what it offers passes; --require-whole-space makes unsupported fail.",
+    )
+    group.addoption(
+        "--require-whole-space",
+        action="store_true",
+        default=False,
+        help="with --conformance-strict: a check the strategy declared unsupported fails the "
+        "run too (the strategy must offer the whole configuration space).",
     )
     group.addoption(
         "--shrink-budget",
@@ -87,18 +117,60 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--conformance-report",
         default=None,
         metavar="DIR",
-        help="write report.json and report.md (outcomes by check and by clause) into DIR.",
+        help="write report.json and report.md (outcomes by check and by clause), summary.md "
+        "(short, for a PR comment) and report.html (for a browser) into DIR.",
     )
+    inplay.remember_options(group)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the ``clause`` marker and this session's :class:`ConformancePlugin`."""
+    """Register the ``clause`` marker; in a run that uses shardcheck, :func:`start`."""
     config.addinivalue_line(
         "markers",
         "clause(*ids): the contract's clause ids this check verifies (e.g. 'CKPT-RT-3').",
     )
-    if not config.pluginmanager.has_plugin(PLUGIN_NAME):
-        config.pluginmanager.register(ConformancePlugin(config), PLUGIN_NAME)
+    if not (config.option.help or config.option.version) and inplay.wanted(config):
+        inplay.activate(config)
+
+
+def start(config: pytest.Config, pytest_session: pytest.Session | None = None) -> None:
+    """Register this session's :class:`ConformancePlugin` (once); ``pytest_session``: the
+    running session, when the run's first use of shardcheck came during collection."""
+    from harness.conformance.session import ConformancePlugin
+
+    if config.pluginmanager.has_plugin(PLUGIN_NAME):
+        return
+    plugin = ConformancePlugin(config)
+    config.pluginmanager.register(plugin, PLUGIN_NAME)
+    if pytest_session is not None:
+        plugin.pytest_sessionstart(pytest_session)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Keep the pytest session, for a start during collection."""
+    inplay.remember_session(session)
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Start once a collected test module has imported the harness."""
+    if not inplay.is_active(item.config) and inplay.newly_imported(item.config):
+        inplay.activate(item.config)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    """A check (a test with a ``clause`` or ``world_size`` marker) in a run not started yet:
+    start now, and do what the conformance plugin does with the items (its hook is not in this
+    call)."""
+    markers = ("clause", "world_size")
+    if inplay.is_active(config) or not any(i.get_closest_marker(m) for i in items for m in markers):
+        return
+    inplay.activate(config)
+    plugin = config.pluginmanager.get_plugin(PLUGIN_NAME)
+    if plugin is not None:
+        plugin.pytest_collection_modifyitems(session, config, items)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -108,12 +180,15 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
     selection) and exit 0."""
     if getattr(config.option, "help", False) or getattr(config.option, "version", False):
         return None
+    patterns = config.getoption("clauses")
+    if patterns is None and not config.getoption("list_clauses"):
+        check_report_dir(config.getoption("conformance_report"))
+        return None
     from harness.clauses import UnknownClauseError, select
     from harness.clauses.markdown import render_listing
 
-    patterns = config.getoption("clauses")
     try:
-        ids = select(patterns) if _parse_clauses(patterns) else None
+        ids = select(patterns) if _parsed(patterns) else None
     except UnknownClauseError as exc:
         raise pytest.UsageError(f"--clauses: {exc}") from None
     if config.getoption("list_clauses"):
@@ -147,3 +222,11 @@ def check_report_dir(directory: str | None) -> None:
             f"--conformance-report={directory!r}: cannot {step}: {why}; pass a directory "
             "you can write to, e.g. --conformance-report ./conformance-report."
         ) from None
+
+
+def _parsed(patterns: str | None) -> list[str]:
+    if patterns is None:
+        return []
+    from harness.conformance.session import _parse_clauses
+
+    return _parse_clauses(patterns)

@@ -78,6 +78,7 @@ class Check:
     draws_in_body: bool = False  # its Hypothesis test draws with st.data() in its body
     search_ended: bool = False  # its shrink budget ended Hypothesis' search (not Hypothesis)
     exercised: list[dict[str, tuple[str, ...]]] = field(default_factory=list)  # axis values run
+    params: dict[str, str] = field(default_factory=dict)  # its parameters, repr'd (the example)
 
     def record_unsupported(self, description: str) -> None:
         """Remember one ``unsupported: ...`` description (each distinct one once)."""

@@ -12,6 +12,7 @@ import re
 import shlex
 import sys
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from importlib import metadata
 from typing import Any
 
@@ -20,7 +21,7 @@ import pytest
 from harness.config import HarnessConfig, describe_backends
 from harness.session import session_of
 
-__all__ = ["environment", "reproducer", "strategy", "suite_version"]
+__all__ = ["environment", "reproducer", "run", "strategy", "suite_version"]
 
 #: Options a reproducer carries over from the original command line.
 _CARRIED = (
@@ -101,6 +102,34 @@ def environment(config: pytest.Config, world_sizes: Iterable[int]) -> dict[str, 
         "nproc": nproc,
         "world_sizes": sizes,
         "launcher": _launcher(settings),
+    }
+
+
+def _seed(config: pytest.Config) -> int | str | None:
+    """``--hypothesis-seed`` as given (an int when it is one), or None."""
+    value = config.getoption("hypothesis_seed", None)
+    if value is None:
+        return None
+    text = str(value).strip()
+    return int(text) if re.fullmatch(r"-?\d+", text) else text
+
+
+def run(config: pytest.Config, started_at: datetime, wall_time_s: float) -> dict[str, Any]:
+    """How and when the run ran (``report.json``'s ``run``).
+
+    Args:
+        config: the run's config.
+        started_at: when the session started (timezone-aware, UTC).
+        wall_time_s: seconds from the session's start until the report was built.
+    """
+    from hypothesis import settings
+
+    return {
+        "hypothesis_profile": settings.get_current_profile_name(),
+        "hypothesis_seed": _seed(config),
+        "started_at": started_at.isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "wall_time_s": round(wall_time_s, 1),
+        "require_whole_space": bool(config.getoption("require_whole_space", False)),
     }
 
 

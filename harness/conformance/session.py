@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import time
 from collections.abc import Generator
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
 
-from harness.conformance import facts
+from harness.conformance import facts, junit
 from harness.conformance.checks import (
     Check,
     check_id,
@@ -20,12 +22,13 @@ from harness.conformance.checks import (
     not_run_reason,
 )
 from harness.conformance.coverage import coverage_of
+from harness.conformance.examples import item_parameters
 from harness.conformance.signatures import is_failure
 from harness.conformance.summary import write_summary
 from harness.conformance.triage import LATE_PREFIX, Triage, shrink_budget
 from harness.conformance.unsupported import CheckWatch, rejecting, skip_exception
 from harness.contract import Unsupported
-from harness.report import CONFORMING, NOT_RUN, CheckResult, Report, write_report
+from harness.report import NOT_RUN, CheckResult, Report, nonconforming, write_report
 from harness.session import HarnessSession, session_of
 from harness.shrinking import quiet_budget_stops
 
@@ -111,6 +114,8 @@ class ConformancePlugin:
         self.matched_patterns: set[str] = set()
         self.report: Report | None = None
         self.triage = Triage(self.expected_late)
+        self.started_at = datetime.now(timezone.utc)  # the report's run.started_at
+        self.started = time.perf_counter()  # and its wall time
 
     @property
     def harness(self) -> HarnessSession:
@@ -121,6 +126,7 @@ class ConformancePlugin:
         """Take the session (to stop it) and the shrink budget of the loaded profile."""
         self.harness.remembered.clear()
         self.triage.start(session, shrink_budget(self.config))
+        self.started_at, self.started = datetime.now(timezone.utc), time.perf_counter()
 
     # -- collection -----------------------------------------------------------------------
 
@@ -139,6 +145,8 @@ class ConformancePlugin:
             clauses = _clauses_of(item)
             check = Check(check_id(item), item.nodeid, clauses, _world_sizes(item))
             check.family = _family(item, clauses)
+            check.params = item_parameters(item)
+            junit.collected(item, check)
             self.checks[item.nodeid] = check
             self.collected_ids.add(check.id)
             reason = self.expected.get(check.id)
@@ -228,8 +236,10 @@ class ConformancePlugin:
             raise skip_exception(check.unsupported_reason())
         return result
 
+    @pytest.hookimpl(tryfirst=True)  # before junitxml's, which reads the properties
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Fold each phase's report into the check's outcome (the worst phase wins)."""
+        """Fold each phase's report into the check's outcome (the worst phase wins), and
+        give ``--junitxml`` the outcome and finding (:mod:`harness.conformance.junit`)."""
         check = self.checks.get(report.nodeid)
         if check is None:
             return
@@ -238,6 +248,7 @@ class ConformancePlugin:
         outcome, message = classify_report(report)
         if outcome is not None:
             check.settle(outcome, message, failure_text(report))
+        junit.annotate(report, check)
         if report.when == "teardown":
             self.triage.finished(check)
 
@@ -257,7 +268,8 @@ class ConformancePlugin:
         directory = self.config.getoption("conformance_report")
         if directory:
             write_report(self.report, directory)
-        bad = [c.id for c in self.report.checks if c.outcome not in CONFORMING]
+        whole = self.config.getoption("require_whole_space")
+        bad = [c.id for c in nonconforming(self.report.checks, whole)]
         late = [f for f in self.triage.findings if f.seen_late]
         unexpected = [f for f in late if not set(f.clauses) <= set(self.expected_late)]
         if unexpected and session.exitstatus == 0:  # a violation, though no check failed on it
@@ -282,6 +294,7 @@ class ConformancePlugin:
                 attributed_to=list(c.failed_clauses) if c.outcome in failing else [],
                 family=c.family,
                 rank_jobs=c.rank_jobs,
+                unsupported=list(c.unsupported),
             )
             for c in self.checks.values()
         ]
@@ -304,9 +317,12 @@ class ConformancePlugin:
                 "late_findings_expected": sorted(self.expected_late),
             },
             findings=self.triage.finding_results(
-                checks, {c.id: c.text for c in self.checks.values()}
+                checks,
+                {c.id: c.text for c in self.checks.values()},
+                {c.id: c.params for c in self.checks.values()},
             ),
             coverage=coverage_of(self.checks.values(), self.harness.universe),
+            run=facts.run(self.config, self.started_at, time.perf_counter() - self.started),
         )
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:

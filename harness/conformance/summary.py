@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 
 from harness.report import (
-    CONFORMING,
     NO_CLAUSE,
     Report,
     clause_family_outcomes,
     clause_outcomes,
+    declared_unsupported,
+    nonconforming,
 )
 from harness.report.markdown import clause_coverage_line, coverage_line
 
@@ -29,7 +30,8 @@ def _notes(config: pytest.Config, report: Report) -> list[str]:
     directory = config.getoption("conformance_report")
     if directory:
         out = Path(directory)
-        lines.append(f"report: {out / 'report.json'}, {out / 'report.md'}")
+        names = ("summary.md", "report.html", "report.json", "report.md")
+        lines.append("report: " + ", ".join(str(out / name) for name in names))
     deselected = report.selection.get("deselected", [])
     if deselected:
         # promise a list only where one is written
@@ -99,10 +101,16 @@ def summary_lines(config: pytest.Config, report: Report) -> list[str]:
             lines.append(clause_coverage_line(report.coverage))
     lines += finding_lines(report)
     for clause, (outcome, members) in clauses.items():
-        if outcome == "passed":
-            continue
         families = by_family.get(clause, {})
         split = " ".join(f"{fam}={o}" for fam, o in families.items()) if len(families) > 1 else ""
+        if outcome == "passed":
+            declared = declared_unsupported(members, reasons=False)
+            if declared:  # a strategy that offers part of the space: say which part it left
+                left = ", ".join(declared)
+                lines.append(_clip(f"  {clause:<16} {'passed':<12} declared unsupported: {left}"))
+                if split:
+                    lines.append(f"  {'':<16} {'':<12} by family: {split}")
+            continue
         worst = next((c for c in members if c.clause_outcome(clause) == outcome), None)
         why = f"{worst.id}: {headline(worst.failure)}" if worst else "see the findings"
         if outcome == "failed" and worst is None:
@@ -112,6 +120,9 @@ def summary_lines(config: pytest.Config, report: Report) -> list[str]:
         lines.append(_clip(f"  {clause:<16} {outcome:<12} {why}"))
         if split:
             lines.append(f"  {'':<16} {'':<12} by family: {split}")
+    declared = declared_unsupported(report.checks)
+    if declared:
+        lines.append(_clip(f"declared unsupported by the strategy: {'; '.join(declared)}"))
     return lines + _notes(config, report)
 
 
@@ -127,7 +138,8 @@ def write_summary(terminalreporter: Any, config: pytest.Config, report: Report) 
         tr.write_line(line)
     if not config.getoption("conformance_strict"):
         return
-    bad = [c for c in report.checks if c.outcome not in CONFORMING]
+    whole = bool(config.getoption("require_whole_space"))
+    bad = nonconforming(report.checks, whole)
     expected = set(report.expected_failures.get("late_findings_expected", []))
     late = [f for f in report.findings if f.late and not set(f.clauses) <= expected]
     if not bad and late:
@@ -142,17 +154,31 @@ def write_summary(terminalreporter: Any, config: pytest.Config, report: Report) 
             SimpleNamespace(nodeid=f.id, when="call", outcome="nonconforming") for f in late
         )
         return
+    refused = sum(c.outcome == "unsupported" for c in report.checks)
     if not bad:
-        tr.write_line("conformance-strict: every check passed or needs another environment")
+        offered = (
+            f"; {refused} declared unsupported (the strategy offers part of the space: "
+            "--require-whole-space demands all of it)"
+            if refused
+            else ""
+        )
+        tr.write_line(
+            f"conformance-strict: every check passed or needs another environment{offered}"
+        )
         return
-    counts = {o: n for o, n in report.counts().items() if n and o not in CONFORMING}
+    counts: dict[str, int] = {}
+    for check in bad:
+        counts[check.outcome] = counts.get(check.outcome, 0) + 1
     listing = ", ".join(f"{n} {o}" for o, n in counts.items())
-    tr.write_line(
-        f"conformance-strict: FAILED: {len(bad)} checks are neither passed nor environment "
-        f"({listing})",
-        red=True,
-        bold=True,
-    )
+    if all(c.outcome == "unsupported" for c in bad) and not whole:
+        verdict = (
+            f"the strategy declared every check it met unsupported ({len(bad)}): it offered "
+            "nothing to check"
+        )
+    else:
+        allowed = "passed nor environment" if whole else "passed, environment nor unsupported"
+        verdict = f"{len(bad)} checks are neither {allowed} ({listing})"
+    tr.write_line(f"conformance-strict: FAILED: {verdict}", red=True, bold=True)
     tr.stats.setdefault("nonconforming", []).extend(
         SimpleNamespace(nodeid=c.id, when="call", outcome="nonconforming") for c in bad
     )

@@ -10,14 +10,15 @@ fail with one finding.
 
 from __future__ import annotations
 
-import re
 import time
+from collections.abc import Mapping
 
 import pytest
 
 from harness.attribution import LateViolation
 from harness.conformance.checks import Check
 from harness.conformance.economy import SHRINK_SECONDS, ShrinkPolicy, attributed_clauses
+from harness.conformance.examples import finding_example
 from harness.conformance.findings import Finding, Findings
 from harness.conformance.signatures import attribute, late_attribution
 from harness.report import CheckResult, FindingResult
@@ -28,15 +29,6 @@ __all__ = ["LATE_PREFIX", "SAME_FINDING_STOP", "Triage", "shrink_budget"]
 LATE_PREFIX = "finding:"
 #: checks in a row that fail alike, with none passed, before the run stops (one bug everywhere)
 SAME_FINDING_STOP = 3
-_EXAMPLE = re.compile(r"^Falsifying (?:explicit )?example:.*?^\)$", re.S | re.M)
-_EXAMPLE_LINE = re.compile(r"^Falsifying (?:explicit )?example:.*$", re.M)
-
-
-def _example(text: str) -> str:
-    """Hypothesis' falsifying example in a failure's text (the call, to its closing
-    parenthesis), or ``""``."""
-    match = _EXAMPLE.search(text) or _EXAMPLE_LINE.search(text)
-    return match.group(0).strip() if match else ""
 
 
 def shrink_budget(config: pytest.Config) -> float | None:
@@ -127,9 +119,15 @@ class Triage:
         return sorted(f"{LATE_PREFIX}{c}" for c in self.expected_late if c not in seen)
 
     def finding_results(
-        self, checks: list[CheckResult], texts: dict[str, str]
+        self,
+        checks: list[CheckResult],
+        texts: dict[str, str],
+        params: Mapping[str, Mapping[str, str]] | None = None,
     ) -> list[FindingResult]:
-        """The findings for the report (``texts``: each check's full failure text by id)."""
+        """The findings for the report (``texts``: each check's full failure text by id;
+        ``params``: each check's parameters by id, the example of a finding without a
+        Hypothesis example)."""
+        params = params or {}
         by_id = {c.id: c for c in checks}
         results = []
         for f in self.findings:
@@ -142,7 +140,9 @@ class Triage:
                     message=f.attribution.message,
                     where=f.attribution.where,
                     checks=list(f.checks),
-                    example=_example(texts.get(f.first_check, "")),
+                    example=finding_example(
+                        texts.get(f.first_check, ""), f.first_check, params.get(f.first_check, {})
+                    ),
                     reproduce=first.reproducer if first else "",
                     late=f.late,
                     found_after_s=f.found_after_s,

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from harness import inplay
 from harness.rankcoverage import rank
 from harness.rankcoverage.combine import CoverageSummary, clear_data, combine_and_report
 from harness.rankcoverage.config import (
@@ -66,6 +67,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="DIR",
         help=f"data files and reports of --rank-coverage (default {DEFAULT_DIR})",
     )
+    inplay.remember_options(group)
 
 
 def _settings(options: Any) -> RankCoverageConfig | None:

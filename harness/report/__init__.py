@@ -1,8 +1,10 @@
-"""The conformance report: its model, the ``report.json``/``report.md`` writers, and ``diff``.
+"""The conformance report: its model, its writers (``report.json``, ``report.md``,
+``summary.md``, ``report.html``), and ``diff``.
 
 A report lists every check that was collected (none is dropped: a check that was deselected
 is listed under ``selection``), each with its outcome, and groups them by the CONTRACT.md clauses
-they declare. A clause takes the worst outcome of its checks.
+they declare. A clause takes the worst outcome of its checks, where a check the strategy
+declared unsupported does not count against one that passed (see ``nonconforming``).
 
 ``python -m harness.report diff OLD.json NEW.json`` answers "what did this change break?":
 it lists the clauses whose outcome changed, and the checks that were added or removed.
@@ -11,6 +13,7 @@ it lists the clauses whose outcome changed, and the checks that were added or re
 from __future__ import annotations
 
 from harness.report.diff import ReportDiff, diff_reports, format_diff, main
+from harness.report.html import render_html
 from harness.report.markdown import render_markdown
 from harness.report.model import (
     BLOCKED,
@@ -27,10 +30,15 @@ from harness.report.model import (
     ReportError,
     clause_family_outcomes,
     clause_outcomes,
+    declared_unsupported,
     load_report,
+    nonconforming,
+    offered_outcome,
     worst_outcome,
 )
-from harness.report.write import write_report
+from harness.report.summary import SUMMARY_LIMIT, render_summary
+from harness.report.verdict import Verdict, verdict
+from harness.report.write import ReportFiles, write_report
 
 __all__ = [
     "BLOCKED",
@@ -41,18 +49,27 @@ __all__ = [
     "READABLE_SCHEMAS",
     "SCHEMA_VERSION",
     "SEVERITY",
+    "SUMMARY_LIMIT",
     "CheckResult",
     "FindingResult",
     "Report",
     "ReportDiff",
     "ReportError",
+    "ReportFiles",
+    "Verdict",
     "clause_family_outcomes",
     "clause_outcomes",
+    "declared_unsupported",
     "diff_reports",
     "format_diff",
     "load_report",
     "main",
+    "nonconforming",
+    "offered_outcome",
+    "render_html",
     "render_markdown",
+    "render_summary",
+    "verdict",
     "worst_outcome",
     "write_report",
 ]

@@ -11,6 +11,7 @@ from typing import Any
 __all__ = [
     "BLOCKED",
     "CONFORMING",
+    "CONFORMING_OFFERED",
     "NOT_RUN",
     "NO_CLAUSE",
     "OUTCOMES",
@@ -23,7 +24,10 @@ __all__ = [
     "ReportError",
     "clause_family_outcomes",
     "clause_outcomes",
+    "declared_unsupported",
     "load_report",
+    "nonconforming",
+    "offered_outcome",
     "worst_outcome",
 ]
 
@@ -70,6 +74,10 @@ SEVERITY = (
 )
 #: Outcomes that do not fail a ``--conformance-strict`` run.
 CONFORMING = frozenset({"passed", "environment"})
+#: The same when the strategy need not offer the whole configuration space (the default): a
+#: check whose every example the strategy declared ``Unsupported`` conforms (see
+#: :func:`nonconforming`).
+CONFORMING_OFFERED = CONFORMING | {"unsupported"}
 NO_CLAUSE = "(no clause)"
 
 
@@ -96,6 +104,9 @@ class CheckResult:
             when the failure named none (then all of its clauses).
         family: ``fsdp`` or ``model_parallel`` when the check is about one family, else ``""``.
         rank_jobs: the rank jobs it dispatched (its examples and their shrinking).
+        unsupported: the configurations the strategy declared unsupported while the check
+            ran (``unsupported: option=value (reason)``), each once; a check that passed may
+            have some (the examples that could run passed).
     """
 
     id: str
@@ -108,6 +119,7 @@ class CheckResult:
     attributed_to: list[str] = field(default_factory=list)
     family: str = ""
     rank_jobs: int = 0
+    unsupported: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:
@@ -169,6 +181,9 @@ class Report:
         findings: the failures grouped by root cause.
         coverage: the pairs of configuration-axis values the checks exercised
             (:func:`harness.conformance.coverage.coverage_of`; empty when none reported).
+        run: how and when the run ran: ``hypothesis_profile``, ``hypothesis_seed``
+            (``--hypothesis-seed``, or None), ``started_at`` (UTC, ISO 8601) and
+            ``wall_time_s`` (empty in reports written before these were recorded).
     """
 
     suite_version: str
@@ -180,6 +195,7 @@ class Report:
     schema_version: int = SCHEMA_VERSION
     findings: list[FindingResult] = field(default_factory=list)
     coverage: dict[str, Any] = field(default_factory=dict)
+    run: dict[str, Any] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         """The number of checks per outcome (every outcome present, zeros included)."""
@@ -195,6 +211,7 @@ class Report:
             "suite_version": self.suite_version,
             "environment": self.environment,
             "strategy": self.strategy,
+            "run": self.run,
             "counts": self.counts(),
             "clauses": {
                 c: outcome
@@ -227,7 +244,7 @@ class Report:
                 f"reads schema_version={readable}. Compare reports of a readable schema."
             )
         keys = ("id", "clauses", "outcome", "duration_s", "failure", "reproducer")
-        optional = ("finding", "attributed_to", "family", "rank_jobs")
+        optional = ("finding", "attributed_to", "family", "rank_jobs", "unsupported")
         try:
             checks = [
                 CheckResult(**{k: c[k] for k in keys}, **{k: c[k] for k in optional if k in c})
@@ -246,6 +263,7 @@ class Report:
             schema_version=data["schema_version"],
             findings=findings,
             coverage=data.get("coverage", {}),
+            run=data.get("run", {}),
         )
 
 
@@ -253,6 +271,57 @@ def worst_outcome(outcomes: Iterable[str]) -> str:
     """The worst of ``outcomes`` in the order of :data:`SEVERITY` (``passed`` if empty)."""
     present = set(outcomes)
     return next((o for o in SEVERITY if o in present), "passed")
+
+
+def offered_outcome(outcomes: Iterable[str]) -> str:
+    """A clause's outcome from its checks' ``outcomes``: the worst, where a check the
+    strategy declared ``unsupported`` does not count against checks that passed (the
+    strategy conforms on what it offers; see [Note: a strategy that offers a subset])."""
+    present = set(outcomes)
+    if "passed" in present:
+        present.discard("unsupported")
+    return worst_outcome(present)
+
+
+def declared_unsupported(checks: Iterable[CheckResult], reasons: bool = True) -> list[str]:
+    """The configurations ``checks`` met declared unsupported, each ``option=value`` once
+    (with the first reason given for it, unless ``reasons`` is false): from the checks whose
+    every example was refused and from the refused examples of checks that ran."""
+    seen: dict[str, str] = {}
+    for check in checks:
+        found = list(check.unsupported)
+        if check.outcome == "unsupported" and check.failure:
+            found.append(check.failure.strip().splitlines()[0])
+        for description in found:
+            text = description.removeprefix("unsupported: ").strip()
+            for part in text.split("; "):
+                key = part.split(" (", 1)[0]
+                seen.setdefault(key, part)
+    return [seen[k] if reasons else k for k in sorted(seen)]
+
+
+def nonconforming(checks: Iterable[CheckResult], whole_space: bool = False) -> list[CheckResult]:
+    """The checks that fail a ``--conformance-strict`` run.
+
+    [Note: a strategy that offers a subset] A strategy may implement part of the
+    configuration space and raise ``Unsupported`` for the rest. By default it conforms when
+    every check it could run passed: a check whose every example it refused is
+    ``unsupported``, not a failure, and a clause with a passed check and unsupported ones is
+    passed (the report lists the values it declared unsupported). A strategy that refused
+    every check offered nothing to check, so it does not conform. With ``whole_space``
+    (``--require-whole-space``) an ``unsupported`` check fails the run too.
+
+    Args:
+        checks: the run's checks.
+        whole_space: whether the strategy must offer every configuration.
+    """
+    chosen = list(checks)
+    allowed = CONFORMING if whole_space else CONFORMING_OFFERED
+    bad = [c for c in chosen if c.outcome not in allowed]
+    refused = [c for c in chosen if c.outcome == "unsupported"]
+    if not whole_space and refused and not any(c.outcome == "passed" for c in chosen):
+        return refused  # it refused everything it was asked: nothing conformed
+    return bad
 
 
 def clause_outcomes(
@@ -291,7 +360,7 @@ def clause_outcomes(
             groups[clause] += [c for c in hit if c not in groups[clause]]
             outcomes.setdefault(clause, []).append(min(kinds) if kinds else "failed")
     return {
-        clause: (worst_outcome(outcomes[clause]), members)
+        clause: (offered_outcome(outcomes[clause]), members)
         for clause, members in sorted(groups.items())
     }
 
@@ -300,15 +369,19 @@ def clause_family_outcomes(
     checks: Sequence[CheckResult], findings: Sequence[FindingResult] = ()
 ) -> dict[str, dict[str, str]]:
     """``{clause: {family: outcome}}`` for the families the checks name (fsdp,
-    model_parallel); a check of no one family counts for each. A clause none of whose checks
-    names a family has no entry."""
+    model_parallel); a check of no one family counts for each family the strategy offers. A
+    family whose every check the strategy declared unsupported is not offered: its column
+    is ``unsupported`` wherever it has checks, whatever the checks of no family did. A
+    clause none of whose checks names a family has no entry."""
     families = sorted({c.family for c in checks if c.family})
     split = {cl for c in checks if c.family for cl in c.clauses}
     table: dict[str, dict[str, str]] = {}
     for family in families:
+        own = [c for c in checks if c.family == family]
+        offered = any(c.outcome != "unsupported" for c in own)
         for clause, (outcome, members) in clause_outcomes(checks, findings, family).items():
             if clause in split and any(c.family == family for c in members):
-                table.setdefault(clause, {})[family] = outcome
+                table.setdefault(clause, {})[family] = outcome if offered else "unsupported"
     return dict(sorted(table.items()))
 
 

@@ -1,29 +1,47 @@
-"""Writing a report: ``report.json`` (the model's document) and ``report.md`` beside it.
+"""Writing a report: ``report.json`` (the model's document) and its renderings beside it.
 
-Kept apart from :mod:`harness.report.model` so that the model knows nothing of its renderings:
-:mod:`harness.report.markdown` reads the model, this module uses both.
+``report.md`` (everything, in Markdown), ``summary.md`` (short, for a PR comment or
+``$GITHUB_STEP_SUMMARY``) and ``report.html`` (one page for a browser). Kept apart from
+:mod:`harness.report.model` so that the model knows nothing of its renderings.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NamedTuple
 
+from harness.report.html import render_html
 from harness.report.markdown import render_markdown
 from harness.report.model import Report
+from harness.report.summary import render_summary
 
-__all__ = ["write_report"]
+__all__ = ["ReportFiles", "write_report"]
 
 
-def write_report(report: Report, directory: str | Path) -> tuple[Path, Path]:
-    """Write ``report.json`` and ``report.md`` into ``directory`` (created if missing).
+class ReportFiles(NamedTuple):
+    """The files :func:`write_report` wrote."""
+
+    json: Path
+    markdown: Path
+    summary: Path
+    html: Path
+
+
+def write_report(report: Report, directory: str | Path) -> ReportFiles:
+    """Write ``report.json``, ``report.md``, ``summary.md`` and ``report.html`` into
+    ``directory`` (created if missing).
 
     Returns:
-        The paths of ``report.json`` and ``report.md``.
+        Their paths.
     """
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = out / "report.json", out / "report.md"
-    json_path.write_text(json.dumps(report.to_dict(), indent=2, default=str) + "\n")
-    md_path.write_text(render_markdown(report))
-    return json_path, md_path
+    files = ReportFiles(
+        out / "report.json", out / "report.md", out / "summary.md", out / "report.html"
+    )
+    files.json.write_text(json.dumps(report.to_dict(), indent=2, default=str) + "\n")
+    files.markdown.write_text(render_markdown(report))
+    files.summary.write_text(render_summary(report))
+    files.html.write_text(render_html(report))
+    return files

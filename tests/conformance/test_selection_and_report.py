@@ -111,9 +111,52 @@ def test_strict_fails_an_all_skipped_run(run_suite: RunSuite) -> None:
     assert strict.ret == pytest.ExitCode.TESTS_FAILED
     strict.result.stdout.fnmatch_lines(
         [
+            "conformance-strict: FAILED: the strategy declared every check it met unsupported"
+            " (1): it offered nothing to check",
+            "*2 skipped, 1 nonconforming*",
+        ]
+    )
+
+
+SUBSET = """
+import pytest
+from harness import Unsupported
+
+@pytest.mark.clause("CFG-6")
+def test_offload_off():
+    pass
+
+@pytest.mark.clause("CFG-6")
+def test_offload_on():
+    raise Unsupported("no accelerator", "cpu_offload", True)
+"""
+
+
+def test_strict_passes_a_strategy_that_offers_part_of_the_space(run_suite: RunSuite) -> None:
+    run = run_suite(SUBSET, "--conformance-strict")
+    assert run.ret == pytest.ExitCode.OK
+    run.result.stdout.fnmatch_lines(
+        [
+            "  CFG-6 * passed * declared unsupported: cpu_offload=True",
+            "declared unsupported by the strategy: cpu_offload=True (no accelerator)",
+            "conformance-strict: every check passed or needs another environment; 1 declared"
+            " unsupported (the strategy offers part of the space: --require-whole-space"
+            " demands all of it)",
+        ]
+    )
+    report = run.report()
+    assert report["clauses"]["CFG-6"] == "passed"
+    assert [c["outcome"] for c in report["checks"]] == ["passed", "unsupported"]
+
+
+def test_require_whole_space_fails_a_strategy_that_offers_part(run_suite: RunSuite) -> None:
+    run = run_suite(SUBSET, "--conformance-strict", "--require-whole-space")
+    assert run.ret == pytest.ExitCode.TESTS_FAILED
+    run.result.stdout.fnmatch_lines(
+        [
             "conformance-strict: FAILED: 1 checks are neither passed nor environment"
             " (1 unsupported)",
-            "*2 skipped, 1 nonconforming*",
+            "*1 passed, 1 skipped, 1 nonconforming*",
         ]
     )
 
@@ -180,7 +223,7 @@ def test_report_json_schema(run_suite: RunSuite) -> None:
     assert set(report["strategy"]) == {"factory", "options"}
     keys = {
         "id", "clauses", "outcome", "duration_s", "failure", "reproducer", "finding",
-        "attributed_to", "family", "rank_jobs"
+        "attributed_to", "family", "rank_jobs", "unsupported"
     }  # fmt: skip
     for check in report["checks"]:
         assert set(check) == keys

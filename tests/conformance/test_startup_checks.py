@@ -85,7 +85,8 @@ def test_a_missing_report_directory_is_made_and_left_clean(
     source = NEVER.replace('raise AssertionError("this test ran")', "pass")
     run = run_suite(source, "--conformance-report", str(out))
     run.result.assert_outcomes(passed=1)
-    assert sorted(os.listdir(out)) == ["report.json", "report.md"]  # no probe file left
+    written = ["report.html", "report.json", "report.md", "summary.md"]
+    assert sorted(os.listdir(out)) == written  # no probe file left
 
 
 @pytest.mark.parametrize("where", ["is-a-file", "under-a-file"])

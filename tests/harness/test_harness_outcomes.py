@@ -5,7 +5,13 @@ from __future__ import annotations
 import pickle
 
 from harness import Outcome, RankFailure
-from harness.outcomes import RemoteError, format_story, tidy_stacks
+from harness.outcomes import (
+    RemoteError,
+    format_story,
+    normalize_per_rank,
+    rank_range,
+    tidy_stacks,
+)
 
 
 def _outcomes() -> list[Outcome]:
@@ -72,3 +78,47 @@ def test_tidy_stacks_drops_the_watchdog_and_harness_frames() -> None:
         'Current thread 0x2 (most recent call first):\n  File "/t/test_x.py", line 5 in spin\n'
     )
     assert tidy_stacks("") == ""
+
+
+def _raised(rank: int, message: str, traceback: str, elapsed: float) -> Outcome:
+    return Outcome(
+        rank, "raised", error=RemoteError("ValueError", message, traceback), elapsed=elapsed
+    )
+
+
+TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "/s/strategy.py", line 12, in step\n'
+    "    raise ValueError(f'rank {{rank}}: bad grad at {{hex(id(p))}}')\n"
+    "ValueError: rank {rank}: bad grad at 0x7f{rank}a0 (pid {pid}, tmp dir /tmp/tmp{rank}ab_cdef)\n"
+)
+
+
+def test_ranks_with_the_same_traceback_show_it_once() -> None:
+    outcomes = [
+        _raised(r, f"rank {r}: bad grad", TRACEBACK.format(rank=r, pid=4100 + r), 0.1 * (r + 1))
+        for r in range(4)
+    ]
+    outcomes[2] = _raised(
+        2, "other", TRACEBACK.replace("line 12", "line 40").format(rank=2, pid=1), 0.3
+    )
+    story = format_story(outcomes, "job 3")
+    lines = story.splitlines()
+    assert lines[1:5] == [
+        "rank 0 raised ValueError: rank 0: bad grad after 0.10 s",
+        "rank 1 raised ValueError: rank 1: bad grad after 0.20 s",
+        "rank 3 raised ValueError: rank 3: bad grad after 0.40 s",
+        "ranks 0, 1, 3: same traceback (rank 0's)",
+    ]
+    assert story.count("line 12, in step") == 1 and "pid 4100" in story  # rank 0's, as it was
+    assert lines.index("rank 2 raised ValueError: other after 0.30 s") > 4
+    assert story.count("line 40, in step") == 1  # another line: another traceback
+
+
+def test_rank_ranges_are_short() -> None:
+    assert rank_range([3, 0, 1, 2]) == "ranks 0-3"
+    assert rank_range([0, 2, 5, 6, 7]) == "ranks 0, 2, 5-7"
+    assert rank_range([4]) == "rank 4"
+    assert normalize_per_rank("rank 3 pid=77 at 0xdeadbeef on 10.0.0.5:29500") == (
+        "rank <N> pid=<PID> at <ADDR> on <HOST>"
+    )

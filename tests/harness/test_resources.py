@@ -102,8 +102,8 @@ def _timed(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:
 def test_too_many_ranks_stop_the_run_at_start_up_and_the_override_lets_it_collect() -> None:
     cores = len(os.sched_getaffinity(0))
     too_many = str(cores * RANKS_PER_CORE + 1)
-    # the part of start-up no check can skip: importing the plugin, which imports torch
-    _, imports = _timed("-c", "import harness.plugin")
+    # the part of start-up no check can skip: the plugin and the harness session (torch)
+    _, imports = _timed("-c", "import harness.plugin, harness.session")
     done, seconds = _timed("-m", "pytest", "-p", "no:cacheprovider", "suites/", "--nproc", too_many)
     assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
     assert f"--nproc={too_many} is more than this machine can hold" in done.stderr

@@ -11,7 +11,7 @@ from harness.collectives import own_fingerprint, waiting_collective
 from harness.deadlines import Deadlines
 from harness.flight import flight_recorder_environ, last_collectives, trace_prefix
 from harness.outcomes import Outcome
-from harness.rankwarnings import RankWarnings
+from harness.rankwarnings import RankWarnings, shape
 from harness.stall import StallProbe, cpu_seconds
 
 
@@ -122,3 +122,44 @@ def test_stall_needs_two_equal_samples_in_collectives_without_cpu() -> None:
     assert not probe.sample(16.0, {0: _in_collective(6)}, [me])  # it moved
     assert not probe.sample(19.0, {0: '  File "/home/me/job.py", line 6 in job\n'}, [me])
     assert not probe.sample(22.0, {0: _in_collective(6)}, [me])  # not in a collective before
+
+
+def test_rank_warnings_of_one_shape_are_folded_under_the_first() -> None:
+    fsdp = "/t/fsdp.py"
+    switch = (
+        "FSDP is switching to use `NO_SHARD` instead of ShardingStrategy.{} since the world "
+        "size is 1."
+    )
+    returned = (
+        "When using ``NO_SHARD`` for ``ShardingStrategy``, full_state_dict will{}be returned."
+    )
+    both = "{} has both parameters with requires_grad=True and False."
+    records = [
+        ("UserWarning", switch.format("FULL_SHARD"), fsdp, 10),
+        ("UserWarning", switch.format("SHARD_GRAD_OP"), fsdp, 10),
+        ("UserWarning", returned.format(" "), "/t/sd.py", 710),
+        ("UserWarning", returned.format(""), "/t/sd.py", 829),  # torch's own typo: "willbe"
+        ("UserWarning", both.format("blocks.0"), "/t/wrap.py", 159),
+        ("UserWarning", both.format("blocks.1.inner.0"), "/t/wrap.py", 159),
+        ("FutureWarning", both.format("blocks.0"), "/t/wrap.py", 159),  # another category
+    ]
+    collected = RankWarnings()
+    a, b = Outcome(0, "ok"), Outcome(1, "ok")
+    a.warning_records, b.warning_records = tuple(records), tuple(records[:2])
+    collected.add([a, b])
+    assert collected.lines() == [
+        f"{fsdp}:10: UserWarning: {switch.format('FULL_SHARD')}",
+        "  4x, on rank(s) 0, 1, in 1 job(s); 1 more like it",
+        f"/t/sd.py:710: UserWarning: {returned.format(' ')}",
+        "  2x, on rank(s) 0, in 1 job(s); 1 more like it",
+        f"/t/wrap.py:159: UserWarning: {both.format('blocks.0')}",
+        "  2x, on rank(s) 0, in 1 job(s); 1 more like it",
+        f"/t/wrap.py:159: FutureWarning: {both.format('blocks.0')}",
+        "  1x, on rank(s) 0, in 1 job(s)",
+    ]
+
+
+def test_warnings_that_differ_in_words_stay_apart() -> None:
+    assert shape("parameter 'a' is deprecated") == shape("parameter 'bc' is deprecated")
+    assert shape("old API") != shape("new API")
+    assert shape("size 3 of x.y") == shape("size 12 of a.b.c")

@@ -1,0 +1,106 @@
+"""A strategy that offers part of the configuration space: a clause passes where what it
+offers passes, strict mode passes it unless --require-whole-space, and per-family columns
+leave out a family the strategy refused entirely."""
+
+from __future__ import annotations
+
+from harness.report import (
+    CheckResult,
+    FindingResult,
+    Report,
+    clause_family_outcomes,
+    clause_outcomes,
+    declared_unsupported,
+    nonconforming,
+    offered_outcome,
+)
+from harness.report.verdict import verdict
+
+REFUSED_MP = "unsupported: family=model_parallel (no tensor parallelism)"
+
+
+def check(id: str, outcome: str, family: str = "", **kw: object) -> CheckResult:
+    failure = REFUSED_MP if outcome == "unsupported" and family == "model_parallel" else None
+    return CheckResult(
+        id=id, clauses=["CKPT-RT-1"], outcome=outcome, family=family, failure=failure, **kw
+    )  # type: ignore[arg-type]
+
+
+FSDP_ONLY = [
+    check(
+        "rt[fsdp]",
+        "passed",
+        "fsdp",
+        unsupported=["unsupported: sharding_strategy=HYBRID_SHARD (no)"],
+    ),
+    check("rt[model_parallel]", "unsupported", "model_parallel"),
+]
+
+
+def test_unsupported_does_not_count_against_a_passed_check() -> None:
+    assert offered_outcome(["passed", "unsupported"]) == "passed"
+    assert offered_outcome(["unsupported"]) == "unsupported"
+    assert offered_outcome(["passed", "unsupported", "failed"]) == "failed"
+    assert offered_outcome(["passed", "environment"]) == "environment"  # as before
+    assert clause_outcomes(FSDP_ONLY)["CKPT-RT-1"][0] == "passed"
+
+
+def test_strict_passes_a_subset_and_whole_space_does_not() -> None:
+    assert nonconforming(FSDP_ONLY) == []
+    assert [c.id for c in nonconforming(FSDP_ONLY, whole_space=True)] == ["rt[model_parallel]"]
+
+
+def test_a_strategy_that_refused_everything_does_not_conform() -> None:
+    refused = [check("a", "unsupported", "model_parallel"), check("b", "environment")]
+    assert [c.id for c in nonconforming(refused)] == ["a"]
+
+
+def test_failures_stay_nonconforming() -> None:
+    bad = [*FSDP_ONLY, check("x", "failed", "fsdp"), check("y", "blocked", "fsdp")]
+    assert [c.id for c in nonconforming(bad)] == ["x", "y"]
+
+
+def test_the_declared_values_are_listed_once_each() -> None:
+    assert declared_unsupported(FSDP_ONLY) == [
+        "family=model_parallel (no tensor parallelism)",
+        "sharding_strategy=HYBRID_SHARD (no)",
+    ]
+    assert declared_unsupported(FSDP_ONLY, reasons=False) == [
+        "family=model_parallel",
+        "sharding_strategy=HYBRID_SHARD",
+    ]
+
+
+def test_a_refused_family_is_not_charged_with_checks_of_no_family() -> None:
+    checks = [*FSDP_ONLY, check("teardown", "failed", "", finding="F1")]
+    finding = FindingResult(
+        id="F1",
+        clauses=["CKPT-RT-1"],
+        signature="s",
+        message="m",
+        where="",
+        checks=["teardown"],
+        example="",
+        reproduce="",
+        found_after_s=1.0,
+    )
+    by_family = clause_family_outcomes(checks, [finding])
+    assert by_family["CKPT-RT-1"] == {"fsdp": "failed", "model_parallel": "unsupported"}
+
+
+def _report(checks: list[CheckResult], **run: object) -> Report:
+    return Report("0.1.0", {}, {"factory": "m:f", "options": {}}, checks, run=dict(run))
+
+
+def test_the_verdict_passes_a_subset_unless_the_whole_space_is_required() -> None:
+    assert verdict(_report(FSDP_ONLY)).word == "passed"
+    whole = verdict(_report(FSDP_ONLY, require_whole_space=True))
+    assert (whole.word, whole.sentence) == (
+        "failed",
+        "1 of 2 checks unsupported and --require-whole-space is given",
+    )
+    nothing = verdict(_report([check("a", "unsupported", "model_parallel")]))
+    assert (nothing.word, nothing.sentence) == (
+        "failed",
+        "1 of 1 checks unsupported and the strategy declared every check it met unsupported",
+    )

@@ -25,14 +25,14 @@ import contextlib
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
 __all__ = [
     "first_failure_time",
     "in_engine",
-    "quiet_budget_stops",
+    "quiet_slow_shrinking",
     "shrink_once",
     "stop_after_this_example",
 ]
@@ -88,7 +88,7 @@ def stop_after_this_example() -> bool:
     Hypothesis checks its shrinking deadline after every example; moving it into the past
     ends generation or shrinking there, and the smallest failing example found so far is
     reported. Its "more than five minutes" warning is then not true: run the test inside
-    :func:`quiet_budget_stops` to drop it. Returns whether the running engine was found.
+    :func:`quiet_slow_shrinking` to drop it. Returns whether the running engine was found.
     """
     runner = _runner()
     if runner is None or not hasattr(runner, "finish_shrinking_deadline"):
@@ -98,15 +98,21 @@ def stop_after_this_example() -> bool:
 
 
 @contextlib.contextmanager
-def quiet_budget_stops(stopped: Callable[[], bool]) -> Iterator[None]:
-    """Drop Hypothesis' slow-shrinking warning while ``stopped()`` says that a
-    :func:`stop_after_this_example` (not Hypothesis' five minutes) ended the search."""
+def quiet_slow_shrinking() -> Iterator[None]:
+    """Drop Hypothesis' "spent more than five minutes ... PLEASE REPORT THIS" warning.
+
+    A shrink budget that is spent ends the search through :func:`stop_after_this_example`,
+    which makes the warning untrue; without a budget (``nightly``, ``--shrink-budget 0``)
+    Hypothesis' own five-minute limit ends it. Either way the failure shows the smallest
+    example found so far, and the warning (a request to Hypothesis' maintainers) is noise
+    to a strategy's author, printed once per check.
+    """
     from hypothesis.reporting import current_reporter, with_reporter
 
     outer = current_reporter()
 
     def reporter(value: object) -> None:
-        if stopped() and str(value).startswith(_SLOW_SHRINK_WARNING):
+        if str(value).startswith(_SLOW_SHRINK_WARNING):
             return
         outer(value)
 

@@ -23,6 +23,8 @@ from harness.conformance.checks import (
 )
 from harness.conformance.coverage import coverage_of
 from harness.conformance.examples import item_parameters
+from harness.conformance.findings import Finding
+from harness.conformance.progress import Progress, terminal_writer
 from harness.conformance.signatures import is_failure
 from harness.conformance.summary import write_summary
 from harness.conformance.triage import LATE_PREFIX, Triage, shrink_budget
@@ -30,7 +32,7 @@ from harness.conformance.unsupported import CheckWatch, rejecting, skip_exceptio
 from harness.contract import Unsupported
 from harness.report import NOT_RUN, CheckResult, Report, nonconforming, write_report
 from harness.session import HarnessSession, session_of
-from harness.shrinking import quiet_budget_stops
+from harness.shrinking import quiet_slow_shrinking
 
 _FAMILY_WORDS = {"fsdp": "fsdp", "model_parallel": "model_parallel"}
 
@@ -114,6 +116,7 @@ class ConformancePlugin:
         self.matched_patterns: set[str] = set()
         self.report: Report | None = None
         self.triage = Triage(self.expected_late)
+        self.progress = Progress(terminal_writer(config))
         self.started_at = datetime.now(timezone.utc)  # the report's run.started_at
         self.started = time.perf_counter()  # and its wall time
 
@@ -126,6 +129,7 @@ class ConformancePlugin:
         """Take the session (to stop it) and the shrink budget of the loaded profile."""
         self.harness.remembered.clear()
         self.triage.start(session, shrink_budget(self.config))
+        self.progress = Progress(terminal_writer(self.config))
         self.started_at, self.started = datetime.now(timezone.utc), time.perf_counter()
 
     # -- collection -----------------------------------------------------------------------
@@ -190,7 +194,7 @@ class ConformancePlugin:
         harness.remembered.begin_check()
         watch = CheckWatch(check, self.triage.policy)
         try:
-            with harness.observing(watch), quiet_budget_stops(lambda: check.search_ended):
+            with harness.observing(watch), quiet_slow_shrinking():
                 return (yield)
         finally:
             check.rank_jobs += harness.last_job_id - before
@@ -227,7 +231,7 @@ class ConformancePlugin:
             raise
         except BaseException as exc:
             if is_failure(exc) and check.id:
-                self.triage.attribute(check, exc)
+                self._announce(self.triage.attribute(check, exc), item)
             raise
         finally:
             if inner is not None:
@@ -251,6 +255,15 @@ class ConformancePlugin:
         junit.annotate(report, check)
         if report.when == "teardown":
             self.triage.finished(check)
+            self.progress.checks_done(len(self.triage.done), len(self.checks))
+
+    def _announce(self, finding: Finding, item: pytest.Item) -> None:
+        """One terminal line the moment a finding is new (see :mod:`.progress`)."""
+        if finding.id in self.progress.announced:
+            return
+        message = finding.attribution.message
+        self.progress.finding(finding.id, finding.clauses, message, finding.first_check)
+        self.progress.reproduce(facts.reproducer(self.config, item.nodeid, ""))
 
     # -- the end --------------------------------------------------------------------------
 

@@ -92,6 +92,7 @@ def test_lightning_strategies_end_to_end(
         "--strategy",
         "harness.adapters.lightning:make_strategy",
         "--conformance-strict",
+        "--require-whole-space",
         "--conformance-report",
         str(out),
         timeout=300,
@@ -110,5 +111,7 @@ def test_lightning_strategies_end_to_end(
     }
     assert report["environment"]["world_sizes"] == [2]
     assert report["environment"]["backend"] == "gloo"
-    assert result.ret == pytest.ExitCode.TESTS_FAILED  # strict: an unsupported check
+    # strict with the whole space required: an unsupported check fails (without
+    # --require-whole-space a strategy that offers part of the space passes)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["*API-1 * unsupported * test_lightning_suite.test_fsdp_sets_up*"])

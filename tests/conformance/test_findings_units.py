@@ -225,12 +225,12 @@ def test_a_spent_shrink_budget_ends_the_search_without_inconsistent_data(
 ) -> None:
     from hypothesis.reporting import with_reporter
 
-    from harness.shrinking import quiet_budget_stops
+    from harness.shrinking import quiet_slow_shrinking
 
     calls = [0]
     reported: list[object] = []
     test, check = _budgeted_test(draws_in_body, calls)
-    with with_reporter(reported.append), quiet_budget_stops(lambda: check.search_ended):
+    with with_reporter(reported.append), quiet_slow_shrinking():
         with pytest.raises(AssertionError, match="API-1: always"):
             test()
     # unbudgeted, Hypothesis shrinks an integer and a draw over hundreds of examples; spent,
@@ -307,3 +307,15 @@ def test_a_finding_met_late_after_failing_its_own_check_counts_as_late() -> None
     assert not first.seen_late and triage.late_unmatched() == ["finding:API-8"]
     triage.findings.record(teardown, ["API-8"], "test_training.test_x", late=True)
     assert first.seen_late and triage.late_unmatched() == []
+
+
+def test_hypothesis_slow_shrinking_warning_is_never_shown() -> None:
+    from hypothesis.reporting import report, with_reporter
+
+    from harness.shrinking import quiet_slow_shrinking
+
+    reported: list[object] = []
+    with with_reporter(reported.append), quiet_slow_shrinking():
+        report("WARNING: Hypothesis has spent more than five minutes working to shrink ...")
+        report("Falsifying example: f(x=1)")
+    assert reported == ["Falsifying example: f(x=1)"]

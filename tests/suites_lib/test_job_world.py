@@ -33,9 +33,18 @@ def test_local_mode_keeps_the_preferred_size(monkeypatch: pytest.MonkeyPatch, np
     assert job_world(1) == 1
 
 
-def test_local_mode_below_the_preferred_size_keeps_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_one_rank_session_runs_what_can_run_on_one_rank(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     _session(monkeypatch, 1, None)
-    assert job_world(2) == 2  # the harness reports it as environment (--nproc too small)
+    assert job_world(2) == 1  # --nproc 1: a check that holds at any size runs on one rank
+    # a check that needs two ranks keeps 2: the harness reports it as environment
+    assert job_world(2, minimum=2) == 2
+
+
+def test_local_mode_below_the_preferred_size_keeps_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    _session(monkeypatch, 2, None)
+    assert job_world(4) == 4  # the harness reports it as environment (--nproc too small)
 
 
 def test_attach_mode_runs_at_torchruns_larger_size(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -51,7 +60,8 @@ def test_attach_mode_with_fewer_ranks_keeps_the_preferred_size(
 ) -> None:
     _session(monkeypatch, 1, 1)
     assert available_world_sizes() == [1]
-    assert job_world(2) == 2  # no larger size: the harness reports environment
+    assert job_world(2, minimum=2) == 2  # no larger size: the harness reports environment
+    assert job_world(2) == 1  # torchrun's one rank runs what can run on one rank
     assert job_world(1) == 1
     _session(monkeypatch, 4, 4)
     assert job_world(8) == 8

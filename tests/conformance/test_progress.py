@@ -1,0 +1,58 @@
+"""The lines a run writes as it goes: each new finding once, and progress once a minute."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.conformance.progress import Progress, duration
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0.4, "0 s"), (45, "45 s"), (60, "1 min"), (130, "2 min 10 s"), (3900, "1 h 5 min")],
+)
+def test_durations_read_as_people_say_them(seconds: float, text: str) -> None:
+    assert duration(seconds) == text
+
+
+def test_a_finding_is_announced_once_with_its_reproducer() -> None:
+    lines: list[str] = []
+    progress = Progress(lines.append)
+    message = "CKPT-LOAD-1: CKPT-LOAD-1: optimizer state lost\nmore"
+    progress.finding("F1", ["CKPT-LOAD-1"], message, "test_x.test_y[a]")
+    progress.reproduce("pytest suites/test_x.py::test_y[a]")
+    progress.finding("F1", ["CKPT-LOAD-1"], "optimizer state lost", "test_x.test_z")
+    assert lines == [
+        "shardcheck: F1 new finding, CKPT-LOAD-1: optimizer state lost",
+        "  in test_x.test_y[a]",
+        "  reproduce: pytest suites/test_x.py::test_y[a]",
+    ]
+
+
+def test_progress_once_a_minute_with_an_estimate() -> None:
+    lines: list[str] = []
+    clock = Clock()
+    progress = Progress(lines.append, clock=clock)
+    clock.now += 30
+    progress.checks_done(10, 100)
+    assert lines == []  # the first line waits a minute
+    clock.now += 40  # 70 s: 20 checks done, 80 to go at 3.5 s each
+    progress.checks_done(20, 100)
+    clock.now += 10
+    progress.checks_done(21, 100)  # not a minute since the last line
+    assert lines == ["shardcheck: 20 of 100 checks, 1 min 10 s, about 4 min 40 s left"]
+
+
+def test_nothing_is_written_without_a_terminal() -> None:
+    progress = Progress(None)
+    progress.finding("F1", ["API-1"], "m", "c")
+    progress.checks_done(1, 2)
+    assert progress.announced == set()

@@ -113,6 +113,7 @@ def _run_job(
     try:
         outcomes = pool.run(job, job_id)
     finally:
+        session.note_heals(pool, size)  # a failed start raises: its heal is kept too
         if os.path.isdir(tmp_dir):
             shutil.rmtree(tmp_dir, ignore_errors=True)
     session.publish(outcomes)

@@ -119,7 +119,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--backend",
         choices=BACKENDS,
         default="auto",
-        help="process-group backend; auto = nccl with one GPU per rank, else gloo",
+        help="process-group backend; auto = nccl for the world sizes the GPUs cover (one GPU "
+        "per rank), gloo above (gloo ranks see no GPU)",
     )
     group.addoption(
         "--rank-timeout",

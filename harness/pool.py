@@ -14,6 +14,14 @@ their process group. After a crash or a hang, the hung ranks' stacks are dumped 
 next generation starts with the next job, or at once where the transport cannot replace
 ranks. What cannot heal makes the pool *lost*: every later job raises :class:`PoolLost`
 (the plugin then ends the session, so the report is still written).
+
+[Note: heals are counted] Each generation that ends early is a *heal*, kept with its cause
+(:attr:`RankPool.heals`): a crashed rank, a hang, a broken process group (a collective
+failed or the health check did), a rank that died between jobs, or a start that failed. The
+session takes them after each job with the check they happened in
+(:meth:`harness.session.HarnessSession.note_heals`), and the terminal summary and the report
+count them per world size. A switch of collective checking and the end of the run are not
+heals.
 """
 
 from __future__ import annotations
@@ -68,6 +76,15 @@ class RankPool:
         self.started = False
         self.lost: str | None = None
         self.respawns = 0
+        #: why generations ended early since :meth:`take_heals` was last called, in order:
+        #: ``crash``, ``hang``, ``broken group``, ``died between jobs``, ``start failure``
+        self.heals: list[str] = []
+
+    def take_heals(self) -> list[str]:
+        """The causes of the generations that ended early since the last call (then
+        forgotten): each is one restart of the ranks (see [Note: heals are counted])."""
+        heals, self.heals = self.heals, []
+        return heals
 
     @property
     def pids(self) -> list[int]:
@@ -133,6 +150,7 @@ class RankPool:
                 outcomes, f"forming process group {self.generation} of {n} {name} ranks failed"
             )
             self._end_failed(token, outcomes, None if self.transport.replaces_ranks else story)
+            self.heals.append("start failure")
             raise PoolStartError(story)
         self.transport.done(token, outcomes)
         self.started = True
@@ -153,6 +171,7 @@ class RankPool:
         self._check_usable()
         try:
             if self.started and not self.transport.alive():
+                self.heals.append("died between jobs")
                 self.kill()  # a rank died between jobs: start afresh rather than blame this job
             self.start()
             began = time.monotonic()
@@ -252,6 +271,7 @@ class RankPool:
     def _heal(self, token: int, outcomes: list[Outcome], job_id: int) -> None:
         kinds = {o.kind for o in outcomes}
         if kinds & {"crashed", "hung"}:
+            self.heals.append("crash" if "crashed" in kinds else "hang")
             crashed = [o.rank for o in outcomes if o.kind == "crashed"]
             lost = None
             if crashed and not self.transport.replaces_ranks:
@@ -267,6 +287,7 @@ class RankPool:
         if "raised" not in kinds:
             return
         if any(o.error and o.error.is_distributed for o in outcomes) or not self.healthy(job_id):
+            self.heals.append("broken group")
             self.kill()
             self._reform()
 

@@ -30,7 +30,8 @@ from typing import Any, NoReturn, Protocol
 
 from harness.attribution import LateViolation
 from harness.config import HarnessConfig, resolve_backend
-from harness.deadlines import Deadlines
+from harness.deadlines import Deadlines, current_check
+from harness.heals import Heal
 from harness.outcomes import Outcome
 from harness.pool import RankPool
 from harness.rankwarnings import RankWarnings
@@ -99,6 +100,7 @@ class HarnessSession:
         self.observer: CheckObserver | None = None
         self.warnings = RankWarnings()
         self.late: list[tuple[int, LateViolation]] = []  # (rank, violation) from jobs
+        self.heals: list[Heal] = []  # restarts of the ranks, see [Note: heals are counted]
         self.universe: set[tuple[str, str, str, str]] = set()  # declared configuration pairs
 
     # -- settings -------------------------------------------------------------------------
@@ -282,6 +284,11 @@ class HarnessSession:
             for text, stream in ((o.stdout, sys.stdout), (o.stderr + o.warnings, sys.stderr)):
                 for line in text.splitlines():
                     print(f"[rank {o.rank}] {line}", file=stream)
+
+    def note_heals(self, pool: RankPool, world_size: int) -> None:
+        """Keep the heals ``pool`` made since it was last asked, with the running check."""
+        check = current_check("(outside a test)")
+        self.heals += [Heal(world_size, cause, check) for cause in pool.take_heals()]
 
     def take_late(self) -> list[tuple[int, LateViolation]]:
         """The late violations reported since the last call, as ``(rank, violation)``."""

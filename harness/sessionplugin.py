@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from hypothesis.errors import Unsatisfiable
 
+from harness.heals import describe_heals
 from harness.outcomes import Outcome
 from harness.rankwarnings import write_summary
 from harness.refusals import EnvironmentRefusal
@@ -95,6 +96,8 @@ class SessionPlugin:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         """Print the rank warnings summary (nothing when no rank warned), last: after the
         conformance summary and findings."""
+        for line in describe_heals(self.session.heals):  # see [Note: heals are counted]
+            terminalreporter.write_line(line if line.startswith(" ") else f"shardcheck: {line}")
         write_summary(terminalreporter, self.session.warnings)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:

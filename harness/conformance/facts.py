@@ -115,7 +115,8 @@ def _seed(config: pytest.Config) -> int | str | None:
 
 
 def run(config: pytest.Config, started_at: datetime, wall_time_s: float) -> dict[str, Any]:
-    """How and when the run ran (``report.json``'s ``run``).
+    """How and when the run ran (``report.json``'s ``run``), with every restart of the ranks
+    (``heals``: world size, cause, check).
 
     Args:
         config: the run's config.
@@ -130,6 +131,8 @@ def run(config: pytest.Config, started_at: datetime, wall_time_s: float) -> dict
         "started_at": started_at.isoformat(timespec="seconds").replace("+00:00", "Z"),
         "wall_time_s": round(wall_time_s, 1),
         "require_whole_space": bool(config.getoption("require_whole_space", False)),
+        # see [Note: heals are counted] in harness.pool
+        "heals": [heal.as_dict() for heal in session_of(config).heals],
     }
 
 

@@ -107,6 +107,7 @@ def _facts(report: Report) -> list[str]:
             ),
             ("started (UTC)", run.get("started_at")),
             ("wall time", f"{run.get('wall_time_s')} s"),
+            ("ranks restarted", _restarts(run.get("heals", []))),
         ]
     if report.selection.get("clauses") or report.selection.get("deselected"):
         rows.append(
@@ -241,3 +242,11 @@ def render_html(report: Report) -> str:
         "<title>shardcheck conformance report</title>"
         f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
     )
+
+
+def _restarts(heals: list[dict[str, object]]) -> str:
+    """``0``, or ``2: world size 2 crash in test_x; ...`` (see [Note: heals are counted])."""
+    if not heals:
+        return "0"
+    listed = "; ".join(f"world size {h['world_size']} {h['cause']} in {h['check']}" for h in heals)
+    return f"{len(heals)}: {listed}"

@@ -63,6 +63,7 @@ def _header(report: Report) -> list[str]:
             f"seed {'none' if seed is None else seed}",
             f"started {run.get('started_at')}",
             f"{run.get('wall_time_s')} s",
+            _restarts(len(run.get("heals", []))),
         ]
     lines = [
         f"## shardcheck conformance: {decided.word.upper()}",
@@ -180,3 +181,8 @@ def render_summary(report: Report, limit: int = SUMMARY_LIMIT) -> str:
     shown = _largest(lambda n: len(_render(report, n).encode()) <= limit, most)
     text = _render(report, shown)
     return text if len(text.encode()) <= limit else _cut(text, limit)
+
+
+def _restarts(count: int) -> str:
+    """``1 restart of the ranks`` (see [Note: heals are counted] in harness.pool)."""
+    return f"{count} restart{'s' if count != 1 else ''} of the ranks"

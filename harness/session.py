@@ -222,7 +222,12 @@ class HarnessSession:
         self.record_refusal(refusal)
         hypothesis = sys.modules.get("hypothesis")  # only a test that imported it is inside it
         if hypothesis is not None and hypothesis.currently_in_test_context():
-            hypothesis.reject()
+            try:
+                hypothesis.reject()
+            except BaseException as rejection:
+                # caused by the refusal, recorded here: the check's wrapper, which records a
+                # suite's own reject() of an Unsupported, does not record it again
+                raise rejection from refusal
         raise skip_exception(refusal.describe()) from None
 
     def record_refusal(self, refusal: Refusal) -> None:

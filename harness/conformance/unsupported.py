@@ -10,7 +10,9 @@ test's ``hypothesis.inner_test`` (the attribute Hypothesis lets plugins replace)
 duration of the call. Only when no example could run does the check become that skip. Suites
 may also call :func:`record_unsupported` and ``hypothesis.reject()`` themselves, or use
 :func:`skip_or_reject_unsupported`; a ``reject()`` called while handling an ``Unsupported``
-is recorded as well (the rejection's ``__context__`` is that ``Unsupported``).
+is recorded as well (the rejection's ``__context__`` is that ``Unsupported``), once: the
+session's ``refuse`` raises its rejection *from* the refusal it recorded, so the wrapper
+leaves that one alone (``tests/conformance/test_refusal_count.py`` counts the records).
 """
 
 from __future__ import annotations
@@ -162,10 +164,10 @@ def rejecting(
         except Unsupported as exc:
             current().refuse(exc)
         except UnsatisfiedAssumption as exc:
-            # a suite that caught Unsupported and called reject() itself: record it too
-            cause = exc.__cause__ or exc.__context__
-            if isinstance(cause, Unsupported):
-                current().record_refusal(cause)
+            # a suite that caught Unsupported and called reject() itself: record it too (a
+            # rejection the session's refuse() raised is *caused* by a refusal it recorded)
+            if exc.__cause__ is None and isinstance(exc.__context__, Unsupported):
+                current().record_refusal(exc.__context__)
             raise
         except StopTest:
             raise  # Hypothesis ran out of data for this example: it did not run

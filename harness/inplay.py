@@ -47,6 +47,7 @@ LIGHT = frozenset(
         "harness.conformance",
         "harness.defaults",
         "harness.inplay",
+        "harness.lazy",
         "harness.plugin",
         "harness.resources",
         "harness.sigterm",

@@ -24,15 +24,15 @@ Modules: :mod:`~harness.conformance.checks` (ids, outcomes, the expected-failure
 from __future__ import annotations
 
 import errno
-import importlib
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from harness import inplay
+from harness.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from harness.conformance.checks import check_id
@@ -58,11 +58,7 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'harness.conformance' has no attribute {name!r}")
-    return getattr(importlib.import_module(home), name)
+__getattr__ = lazy_exports(globals(), _HOMES)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -43,10 +43,10 @@ def world_of(family: str) -> int:
     """The world size of ``family``'s job: fsdp 2 (in attach mode torchrun's, if larger);
     model_parallel dp=2 x tp=2 when the session allows 4 ranks, else dp=2 x tp=1. With
     ``--nproc 1`` both run at world size 1 (model_parallel on a 1x1 mesh)."""
+    if family == "fsdp":
+        return job_world(2)  # 1 in a one-rank session (see smallest_world)
     top = max_world_size()
-    if top == 1:
-        return 1
-    return job_world(2) if family == "fsdp" else (4 if top >= 4 else 2)
+    return 4 if top >= 4 else min(top, 2)
 
 
 _OBSERVED: dict[str, tuple[str, Any]] = {}

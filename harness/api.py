@@ -129,18 +129,19 @@ def set_output_sink(sink: OutputSink | None) -> OutputSink | None:
 
 
 def warm_up() -> None:
-    """Start the forkserver now: it imports torch in the background, so the first pool
-    starts sooner (the plugin calls this at start-up, while pytest collects)."""
+    """Let the transport prepare the first pool now (the local one starts its forkserver,
+    which imports torch in the background while pytest collects)."""
     current().warm_up()
 
 
-def shutdown(stop_forkserver: bool = False) -> None:
+def shutdown(final: bool = False) -> None:
     """Stop every pool of the session (no rank process is left) and remove its temp files.
 
     Args:
-        stop_forkserver: also stop multiprocessing's forkserver (at session end).
+        final: also stop what the transport keeps for the whole session (the local
+            transport's forkserver): at the session's end.
     """
-    current().shutdown(stop_forkserver)
+    current().shutdown(final)
 
 
 atexit.register(shutdown_all)

@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--soak={args.soak} must be 0 (skip) or more")
     attach = info_from_env()
     if attach is not None:
-        api.configure(backend="gloo", nproc=attach.world_size, attach=attach)
+        api.configure(backend="gloo", nproc=attach.world_size, transport="torchrun", attach=attach)
     else:
         api.configure(backend="gloo", nproc=max(4, api.current_config().nproc))
     try:
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             figures = measure(args.runs, args.fsdp_runs, args.spawn_runs, args.soak)
     finally:
-        api.shutdown(stop_forkserver=attach is None)
+        api.shutdown(final=True)
     print(f"shardcheck pool benchmark (torch {torch.__version__}, {os.cpu_count()} CPUs, gloo)")
     print(report_attached(figures) if attach is not None else report(figures))
     if args.json:

@@ -109,6 +109,9 @@ class HarnessConfig:
         strategy_options: ``--strategy-option`` values, passed in ``spec.extra``.
         threads: torch intra-op threads per rank.
         failure_grace: seconds the other ranks get to finish after one rank failed.
+        transport: how the pools reach their ranks, a name registered in
+            :data:`harness.transports.TRANSPORTS` (``local``: ranks forked here;
+            ``torchrun``: attach mode, with ``attach`` set).
         attach: the torchrun run this controller drives (attach mode), else ``None``.
         shared_dir: where job directories go (``--shared-dir``; required on several nodes).
         check_collectives: check every job's collectives across ranks
@@ -123,6 +126,7 @@ class HarnessConfig:
     strategy_options: dict[str, Any] = field(default_factory=dict)
     threads: int = 1
     failure_grace: float = 3.0
+    transport: str = "local"
     attach: AttachInfo | None = None
     shared_dir: str | None = None
     check_collectives: bool = False
@@ -140,6 +144,12 @@ class HarnessConfig:
         if not self.rank_timeout > 0:
             raise ValueError(
                 f"--rank-timeout={self.rank_timeout} must be a positive number of seconds."
+            )
+        if (self.transport == "torchrun") != (self.attach is not None):
+            raise ValueError(
+                f"transport {self.transport!r} with attach information "
+                f"{'set' if self.attach is not None else 'missing'}: the torchrun transport "
+                "and attach-mode information go together (`python -m harness.attach` sets both)."
             )
         if self.attach is not None:
             self._check_attach(self.attach)

@@ -212,6 +212,7 @@ def start(config: pytest.Config, pytest_session: pytest.Session | None = None) -
             rank_timeout=config.getoption("rank_timeout"),
             strategy=strategy,
             strategy_options=options,
+            transport="local" if attach is None else "torchrun",
             attach=attach,
             shared_dir=config.getoption("shared_dir"),
             check_collectives=config.getoption("check_collectives"),
@@ -223,7 +224,7 @@ def start(config: pytest.Config, pytest_session: pytest.Session | None = None) -
     plugin.pytest_session = pytest_session
     config.pluginmanager.register(plugin, SESSION_PLUGIN)
     sigterm.install()
-    if attach is None and not config.option.collectonly:
+    if not config.option.collectonly:
         session.warm_up()
 
 

@@ -38,9 +38,8 @@ from harness.rankwarnings import RankWarnings
 from harness.refusals import Refusal, skip_exception
 from harness.remembered import RememberedRefusals
 from harness.runner import pg_timeout_for
-from harness.transport import PoolSettings, Transport
-from harness.transports import pipes
-from harness.transports.pipes import PipeTransport
+from harness.transport import PoolSettings, TransportKind
+from harness.transports import loaded_kinds, transport_kind
 
 __all__ = [
     "SESSION_PLUGIN",
@@ -88,6 +87,7 @@ class HarnessSession:
     def __init__(self, config: HarnessConfig | None = None) -> None:
         self.config = config or HarnessConfig()
         self.config.check()
+        self.transport()  # a transport no module registers is refused here (ValueError)
         self.pools: dict[int, RankPool] = {}
         self.root: str | None = None
         self._job_ids = itertools.count(1)
@@ -114,6 +114,7 @@ class HarnessSession:
         """
         new = replace(self.config, **changes)
         new.check()
+        transport_kind(new.transport)  # a transport no module registers is refused here
         self.shutdown()
         self.config = new
         self.deadlines = Deadlines(ceiling=new.rank_timeout)
@@ -148,55 +149,41 @@ class HarnessSession:
             self.root = tempfile.mkdtemp(prefix="shardcheck-", dir=self.config.shared_dir)
         return self.root
 
-    def preload(self) -> tuple[str, ...]:
-        """Modules the forkserver imports before forking ranks."""
-        wanted = [self.config.strategy.partition(":")[0], "harness.context"]
-        loaded = ("pytest", "_pytest.assertion.rewrite", "hypothesis")
-        wanted += [m for m in loaded if m in sys.modules]
-        return tuple(wanted)
+    def transport(self) -> TransportKind:
+        """The transport the settings name (:mod:`harness.transports`)."""
+        return transport_kind(self.config.transport)
 
     def pool_for(self, world_size: int) -> RankPool:
-        """The pool for ``world_size`` (created, not started, on first use): local ranks over
-        pipes, or in attach mode torchrun's ranks over its store."""
+        """The pool for ``world_size`` (created, not started, on first use), over the
+        session's transport."""
         pool = self.pools.get(world_size)
         if pool is not None:
             return pool
-        transport: Transport
-        attach = self.config.attach
-        if attach is not None:
-            from harness.transports.store import StoreTransport
-
-            # one GPU per local rank of the torchrun node (the backend is the same on every node)
-            backend = resolve_backend(self.config.backend, attach.local_world_size)
-            settings = self._pool_settings(world_size, backend)
-            transport = StoreTransport(attach)
-        else:
-            backend = resolve_backend(self.config.backend, world_size)
-            settings = self._pool_settings(world_size, backend, preload=self.preload())
-            transport = PipeTransport(self.session_root(), world_size)
-        pool = self.pools[world_size] = RankPool(settings, transport)
-        return pool
-
-    def _pool_settings(self, world_size: int, backend: str, **extra: Any) -> PoolSettings:
-        return PoolSettings(
+        kind = self.transport()
+        backend = resolve_backend(self.config.backend, kind.gpu_ranks(self.config, world_size))
+        settings = PoolSettings(
             world_size=world_size,
             backend=backend,
             pg_timeout=pg_timeout_for(self.config.rank_timeout),
             threads=self.config.threads,
             failure_grace=self.config.failure_grace,
             check_collectives=self.config.check_collectives,
-            **extra,
         )
+        transport = kind.open(self.config, world_size, self.session_root())
+        pool = self.pools[world_size] = RankPool(settings, transport)
+        return pool
 
     def warm_up(self) -> None:
-        """Start the forkserver now (it imports torch while pytest collects)."""
-        pipes.start_forkserver(self.preload())
+        """Let the transport prepare the first pool in the background (the local one starts
+        its forkserver, which imports torch while pytest collects)."""
+        self.transport().warm_up(self.config)
 
-    def shutdown(self, stop_forkserver: bool = False) -> None:
+    def shutdown(self, final: bool = False) -> None:
         """Stop every pool (no rank process is left) and remove the temporary files.
 
         Args:
-            stop_forkserver: also stop multiprocessing's forkserver (at session end).
+            final: also stop what the transport keeps for the whole session (the local
+                transport's forkserver): at the session's end.
         """
         pools = list(self.pools.values())
         self.pools.clear()
@@ -205,8 +192,8 @@ class HarnessSession:
         if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
             self.root = None
-        if stop_forkserver:
-            pipes.stop_forkserver()
+        if final:
+            self.transport().stop()
 
     # -- refusals and the running check ---------------------------------------------------
 
@@ -335,7 +322,9 @@ def deactivate(session: HarnessSession) -> None:
 
 
 def shutdown_all() -> None:
-    """Stop every active session's pools and the forkserver (at interpreter exit)."""
+    """Stop every active session's pools and whatever the transports keep (the
+    forkserver), at interpreter exit."""
     for session in list(_ACTIVE):
         session.shutdown()
-    pipes.stop_forkserver()
+    for kind in loaded_kinds():
+        kind.stop()

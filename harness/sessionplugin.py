@@ -102,5 +102,5 @@ class SessionPlugin:
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         """Stop every pool and the forkserver: no process outlives the session."""
-        self.session.shutdown(stop_forkserver=True)
+        self.session.shutdown(final=True)
         deactivate(self.session)

@@ -10,8 +10,11 @@ process groups. Two implement it:
 - :class:`harness.transports.store.StoreTransport` (attach mode): the ranks of a torchrun
   run, reached through torchrun's store; it cannot replace a rank.
 
-A third transport is one new module with a class that has the members below, and one branch
-in :meth:`harness.session.HarnessSession.pool_for` that makes it.
+[Note: adding a transport] A transport is one module in :mod:`harness.transports` with a
+class that has the :class:`Transport` members below and a module-level ``KIND``, a
+:class:`TransportKind` (how a session opens it, warms it up and stops it), plus one line in
+:data:`harness.transports.TRANSPORTS` naming the module. A session picks its transport by
+name (``HarnessConfig.transport``); nothing else in the harness names a transport.
 """
 
 from __future__ import annotations
@@ -23,9 +26,17 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 from harness.protocol import Command, Reply
 
 if TYPE_CHECKING:
+    from harness.config import HarnessConfig
     from harness.outcomes import Outcome
 
-__all__ = ["PoolSettings", "RanksUnreachable", "Reply", "StackDump", "Transport"]
+__all__ = [
+    "PoolSettings",
+    "RanksUnreachable",
+    "Reply",
+    "StackDump",
+    "Transport",
+    "TransportKind",
+]
 
 
 @dataclass(frozen=True)
@@ -40,7 +51,6 @@ class PoolSettings:
         start_timeout: seconds the ranks get to join the process group.
         failure_grace: seconds the other ranks get to finish once one rank failed.
         health_timeout: seconds the health check (state + barrier) may take.
-        preload: extra modules for the forkserver to import.
         warm_up: run a tiny FSDP2 step on every rank at the pool's first start
             (:mod:`harness.warmup`), so the first job is not slower than the rest.
         check_collectives: ranks check every collective across the group
@@ -59,7 +69,6 @@ class PoolSettings:
     start_timeout: float = 120.0
     failure_grace: float = 3.0
     health_timeout: float = 10.0
-    preload: tuple[str, ...] = ()
     warm_up: bool = True
     check_collectives: bool = False
     lonely_grace: float = 5.0
@@ -140,4 +149,33 @@ class Transport(Protocol):
 
     def close(self, timeout: float) -> None:
         """Tell every rank to leave; give them ``timeout`` seconds before ending them."""
+        ...
+
+
+class TransportKind(Protocol):
+    """How a session uses one transport: a transport module's ``KIND`` (see
+    [Note: adding a transport]).
+
+    Attributes:
+        name: the name it is registered under in :data:`harness.transports.TRANSPORTS`.
+    """
+
+    name: str
+
+    def gpu_ranks(self, config: HarnessConfig, world_size: int) -> int:
+        """How many ranks of one machine need a GPU each in a pool of ``world_size`` ranks
+        (``--backend auto`` chooses from it)."""
+        ...
+
+    def open(self, config: HarnessConfig, world_size: int, root: str) -> Transport:
+        """A transport to the ranks of one world size, not started; ``root`` is the
+        session's directory for files."""
+        ...
+
+    def warm_up(self, config: HarnessConfig) -> None:
+        """Prepare, in the background, what the first pool needs (called once at start-up)."""
+        ...
+
+    def stop(self) -> None:
+        """Stop what the transport keeps beyond its pools (at the end of the session)."""
         ...

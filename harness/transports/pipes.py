@@ -24,6 +24,7 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 import signal
+import sys
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -39,15 +40,19 @@ from harness.transport import Reply, StackDump
 from harness.worker import STACK_SIGNAL, WorkerSpec, worker_main
 
 if TYPE_CHECKING:
+    from harness.config import HarnessConfig
     from harness.outcomes import Outcome
-    from harness.transport import PoolSettings
+    from harness.transport import PoolSettings, Transport
 
 __all__ = [
+    "KIND",
     "PRELOAD",
+    "LocalRanks",
     "PipeTransport",
     "RankFiles",
     "forkserver_context",
     "kill_rank",
+    "preload_for",
     "start_forkserver",
     "stop_forkserver",
 ]
@@ -68,6 +73,16 @@ PRELOAD = (
     "numpy.random",
     "harness.worker",
 )
+
+
+def preload_for(config: HarnessConfig) -> tuple[str, ...]:
+    """What the forkserver imports besides :data:`PRELOAD` for a session: the strategy's
+    module, the rank context, and the test-side modules this process already loaded (a
+    rank imports them when it finds a test module's function)."""
+    wanted = [config.strategy.partition(":")[0], "harness.context"]
+    loaded = ("pytest", "_pytest.assertion.rewrite", "hypothesis")
+    wanted += [m for m in loaded if m in sys.modules]
+    return tuple(wanted)
 
 
 def forkserver_context(extra_preload: Sequence[str] = ()) -> Any:
@@ -175,14 +190,16 @@ class PipeTransport:
     Args:
         root: directory for the per-rank output and stack files of every generation.
         world_size: number of ranks.
+        preload: modules the forkserver imports besides :data:`PRELOAD`.
     """
 
     name = "local"
     replaces_ranks = True
 
-    def __init__(self, root: str, world_size: int) -> None:
+    def __init__(self, root: str, world_size: int, preload: Sequence[str] = ()) -> None:
         self.root = root
         self.world_size = world_size
+        self.preload = tuple(preload)
         self.backend = "gloo"
         self.files = RankFiles(os.path.join(root, f"ws{world_size}-g0"), 0)
         self.procs: list[Any] = []
@@ -201,7 +218,7 @@ class PipeTransport:
         ws = self.world_size
         self.backend = settings.backend
         self.files = RankFiles(os.path.join(self.root, f"ws{ws}-g{generation}"), ws)
-        context = forkserver_context(settings.preload)
+        context = forkserver_context(self.preload)
         self._store = dist.TCPStore(
             "127.0.0.1",
             0,
@@ -341,3 +358,31 @@ class PipeTransport:
         self.procs, self.conns, self._lives = [], [], []
         self._owner.clear()
         self._store = None
+
+
+class LocalRanks:
+    """The ``local`` transport as a session uses it (:class:`harness.transport.TransportKind`):
+    ranks forked on this machine, one GPU each under NCCL, the forkserver shared by every
+    pool of the session."""
+
+    name = "local"
+
+    def gpu_ranks(self, config: HarnessConfig, world_size: int) -> int:
+        """Every rank runs on this machine."""
+        return world_size
+
+    def open(self, config: HarnessConfig, world_size: int, root: str) -> Transport:
+        """Pipes to ``world_size`` ranks forked from the forkserver."""
+        return PipeTransport(root, world_size, preload_for(config))
+
+    def warm_up(self, config: HarnessConfig) -> None:
+        """Start the forkserver: it imports torch while pytest collects."""
+        start_forkserver(preload_for(config))
+
+    def stop(self) -> None:
+        """Stop the forkserver."""
+        stop_forkserver()
+
+
+#: the ``local`` transport ([Note: adding a transport] in :mod:`harness.transport`)
+KIND = LocalRanks()

@@ -31,10 +31,11 @@ from harness.protocol import Command, Kind
 from harness.transport import RanksUnreachable, Reply, StackDump
 
 if TYPE_CHECKING:
+    from harness.config import HarnessConfig
     from harness.outcomes import Outcome
-    from harness.transport import PoolSettings
+    from harness.transport import PoolSettings, Transport
 
-__all__ = ["StoreTransport"]
+__all__ = ["KIND", "StoreTransport", "TorchrunRanks"]
 
 RANK_ENV_PREFIXES = ("SHARDCHECK_RANK_",)  # controller settings the ranks must see
 WAIT_SLICE = 0.25  # longest wait for replies before looking at the heartbeats
@@ -216,3 +217,37 @@ class StoreTransport:
         except (RuntimeError, OSError):
             pass  # the store is gone: the ranks are gone too
         self.closed = True
+
+
+class TorchrunRanks:
+    """The ``torchrun`` transport as a session uses it (:class:`harness.transport.TransportKind`):
+    the ranks are torchrun's, already running when the session starts."""
+
+    name = "torchrun"
+
+    def gpu_ranks(self, config: HarnessConfig, world_size: int) -> int:
+        """One GPU per local rank of a torchrun node (the backend is the same on every node)."""
+        return _attach_info(config).local_world_size
+
+    def open(self, config: HarnessConfig, world_size: int, root: str) -> Transport:
+        """The store client to torchrun's ranks."""
+        return StoreTransport(_attach_info(config))
+
+    def warm_up(self, config: HarnessConfig) -> None:
+        """Nothing: torchrun started the ranks, and they imported torch already."""
+
+    def stop(self) -> None:
+        """Nothing: the ranks are torchrun's."""
+
+
+def _attach_info(config: HarnessConfig) -> AttachInfo:
+    if config.attach is None:
+        raise ValueError(
+            "the torchrun transport needs attach-mode information (HarnessConfig.attach); "
+            "start the run with `torchrun ... -m harness.attach -- pytest ...`."
+        )
+    return config.attach
+
+
+#: the ``torchrun`` transport ([Note: adding a transport] in :mod:`harness.transport`)
+KIND = TorchrunRanks()

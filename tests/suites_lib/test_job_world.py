@@ -20,7 +20,10 @@ def _session(monkeypatch: pytest.MonkeyPatch, nproc: int, attach_world: int | No
         if attach_world is None
         else AttachInfo("127.0.0.1", 29500, "t", attach_world, attach_world, 1)
     )
-    config = dataclasses.replace(harness.api.current_config(), nproc=nproc, attach=attach)
+    transport = "local" if attach is None else "torchrun"
+    config = dataclasses.replace(
+        harness.api.current_config(), nproc=nproc, transport=transport, attach=attach
+    )
     monkeypatch.setattr(harness.session.current(), "config", config)
 
 

@@ -20,13 +20,8 @@ silently).
 from __future__ import annotations
 
 import os
-import resource
-import signal
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hypothesis import given
@@ -40,9 +35,14 @@ from suites.lib.controller.clause_covers import covering_rows, round_trip_plan
 from suites.lib.controller.covering import CoverRow
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.scenarios import examples
-from suites.lib.ranks.checkpoint_jobs import build, path_for, read_state, train_plan
-from suites.lib.ranks.training import end
-from suites.lib.shared.checkpoint_specs import CkptPlan, fresh_metadata, make_metadata
+from suites.lib.ranks.checkpoint_jobs import path_for
+from suites.lib.ranks.checkpoint_save_jobs import (
+    faulty_rank,
+    faulty_save_rank,
+    load_old_rank,
+    save_old_rank,
+)
+from suites.lib.shared.checkpoint_specs import CkptPlan
 from suites.lib.shared.files import files_digest
 
 CLAUSE = "CKPT-SAVE-6"
@@ -53,68 +53,11 @@ CASES = [
 ]
 
 
-@contextmanager
-def _cannot_write(kill: bool) -> Iterator[None]:
-    """This process may write no byte more; with ``kill`` the kernel kills it when it tries."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    core = resource.getrlimit(resource.RLIMIT_CORE)
-    action = signal.signal(signal.SIGXFSZ, signal.SIG_DFL if kill else signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_CORE, (0, core[1]))  # a killed rank leaves no core file
-    resource.setrlimit(resource.RLIMIT_FSIZE, (1, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-        resource.setrlimit(resource.RLIMIT_CORE, core)
-        signal.signal(signal.SIGXFSZ, action)
-
-
-def faulty_rank(fmt: str, world_size: int) -> int:
-    """The rank that cannot write: rank 0 writes a full file, every rank writes its shard."""
-    return 0 if fmt == "full" else world_size - 1
-
-
-def _save_old_rank(ctx: Any, plan: CkptPlan, path: str) -> dict[str, Any]:
-    t = build(ctx, plan.save, plan.fmt)
-    train_plan(t, plan.save)
-    t.strategy.save_checkpoint(
-        path, {"model": t.model, "optimizer": t.optimizer, **make_metadata(plan.meta)}
-    )
-    saved = read_state(t)
-    end(t.strategy)
-    return saved
-
-
-def _faulty_save_rank(ctx: Any, plan: CkptPlan, path: str, fault: str) -> str:
-    t = build(ctx, plan.save, plan.fmt)
-    train_plan(t, plan.save)
-    train_plan(t, plan.save, steps=1)  # the new checkpoint would differ from the old one
-    state = {"model": t.model, "optimizer": t.optimizer, **make_metadata(plan.meta)}
-    faulty = ctx.rank == faulty_rank(plan.fmt, ctx.world_size)
-    try:
-        with _cannot_write(kill=fault == "rank_killed") if faulty else nullcontext():
-            t.strategy.save_checkpoint(path, state)
-    except BaseException as exc:  # CheckpointException is a BaseException
-        return f"{type(exc).__name__}: {str(exc)[:200]}"
-    finally:
-        end(t.strategy)
-    return "no error"
-
-
-def _load_rank(ctx: Any, plan: CkptPlan, path: str) -> dict[str, Any]:
-    f = build(ctx, plan.load, plan.fmt)
-    state = {"model": f.model, "optimizer": f.optimizer, **fresh_metadata(plan.requested)}
-    f.strategy.load_checkpoint(path, state)
-    loaded = read_state(f)
-    end(f.strategy)
-    return loaded
-
-
 def _faulty_save(plan: CkptPlan, path: str, fault: str, where: str) -> list[str]:
     """Run the faulty save; the errors each rank saw (``[]`` when a rank was killed)."""
     world = plan.save.world_size
     try:
-        errors = run(_faulty_save_rank, plan, path, fault, world_size=world)
+        errors = run(faulty_save_rank, plan, path, fault, world_size=world)
     except RankFailure as failure:
         killed = failure.outcomes[faulty_rank(plan.fmt, world)]
         assert fault == "rank_killed" and killed.kind == "crashed", (
@@ -174,7 +117,7 @@ def _check_atomic(plan: CkptPlan, fault: str, directory: Path) -> None:
     fmt = plan.fmt
     path = path_for(str(directory), fmt)
     where = f"{CLAUSE}: {plan.save.family} {fmt} save, {fault.replace('_', ' ')}"
-    old = run(_save_old_rank, plan, path, world_size=plan.save.world_size)
+    old = run(save_old_rank, plan, path, world_size=plan.save.world_size)
     digest, listing = files_digest(path), sorted(os.listdir(directory))
 
     _faulty_save(plan, path, fault, where)
@@ -184,7 +127,7 @@ def _check_atomic(plan: CkptPlan, fault: str, directory: Path) -> None:
     found = files_digest(path) if os.path.exists(path) else {}
     changed = sorted(k for k in digest.keys() | found.keys() if digest.get(k) != found.get(k))
     assert not changed, f"{where}: the old checkpoint changed on disk: {changed}"
-    loaded = run(_load_rank, plan, path, world_size=plan.load.world_size)
+    loaded = run(load_old_rank, plan, path, world_size=plan.load.world_size)
     for rank, (was, now) in enumerate(zip(old, loaded, strict=True)):
         assert_same_model(now["model"], was["model"], clause=CLAUSE, where=f"{where}, rank {rank}")
         assert_same_optim(now["optim"], was["optim"], clause=CLAUSE, where=f"{where}, rank {rank}")

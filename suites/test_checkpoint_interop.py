@@ -43,18 +43,17 @@ from suites.lib.controller.dispatch import run
 from suites.lib.controller.oracles import expected_dtypes, named_optim_state, plain_train
 from suites.lib.controller.regressions import FULL_1X2_TO_2X2
 from suites.lib.controller.scenarios import examples, plain_blocks
+from suites.lib.ranks.checkpoint_interop_jobs import (
+    load_plain_rank,
+    trainer_load_rank,
+    trainer_save_rank,
+)
 from suites.lib.ranks.checkpoint_jobs import (
-    build,
-    build_with_two_optimizers,
     load_rank,
     path_for,
-    read_state,
     save_rank,
 )
-from suites.lib.ranks.readers import gathered_optim_state, gathered_state
-from suites.lib.ranks.training import end
 from suites.lib.shared.checkpoint_specs import CkptPlan, ReorderedOptim
-from suites.lib.shared.files import files_digest
 from suites.lib.shared.models import build_model, clean_name
 from suites.lib.shared.specs import FSDPConfig, Scenario, WrapSpec
 
@@ -71,16 +70,6 @@ def _multi_group(plan: CkptPlan) -> CkptPlan:
     load_fields = {**fields, "lr": fields["lr"] * 2}
     load = dataclasses.replace(plan.load, optim=ReorderedOptim(**load_fields))
     return dataclasses.replace(plan, save=save, load=load)
-
-
-def _load_plain_rank(ctx: Any, plan: CkptPlan, path: str, layout: str) -> dict[str, Any]:
-    f = build(ctx, plan.load, "full")
-    keys = ("model", "optimizer") if layout == "plain" else ("state_dict", "optimizer_states")
-    optimizer: Any = f.optimizer if layout == "plain" else [f.optimizer]
-    f.strategy.load_checkpoint(path, {keys[0]: f.model, keys[1]: optimizer})
-    out = read_state(f)
-    end(f.strategy)
-    return out
 
 
 @pytest.mark.clause("CKPT-REKEY-1")
@@ -122,7 +111,7 @@ def _check_plain_checkpoint_loads(
     stored = expected_dtypes(plan.load.precision)["stored"]
     expected_model = as_dtype(model.state_dict(), stored)
     expected_optim = as_dtype(named_optim_state(model, optimizer), stored)
-    loaded = run(_load_plain_rank, plan, path, layout, world_size=plan.load.world_size)
+    loaded = run(load_plain_rank, plan, path, layout, world_size=plan.load.world_size)
     for rank, out in enumerate(loaded):
         where = f"rank {rank} of {plan.load.world_size}, a plain torch checkpoint ({layout})"
         assert_same_model(out["model"], expected_model, clause="CKPT-REKEY-1", where=where)
@@ -184,59 +173,6 @@ def _unit_aligned(plan: CkptPlan) -> CkptPlan:
     return dataclasses.replace(plan, save=align(plan.save), load=align(plan.load))
 
 
-def _read_all(model: Any, optimizers: list[Any]) -> dict[str, Any]:
-    return {
-        "model": gathered_state(model),
-        "optims": [gathered_optim_state(model, o) for o in optimizers],
-    }
-
-
-def _trainer_save_rank(ctx: Any, plan: CkptPlan, path: str) -> dict[str, Any]:
-    """Train ``plan.save`` with two optimizers and save the trainer layout (the plan, not
-    its scenario, goes to the ranks: the run's coverage then records the format)."""
-    from suites.lib.shared.models import make_batch
-
-    scenario = plan.save
-    strategy, model, optimizers = build_with_two_optimizers(ctx, scenario)
-    dp_rank, train = strategy.distributed_sampler_kwargs["rank"], scenario.plan
-    for step in range(train.steps):
-        x, y = make_batch(scenario.model, train.data_seed, step, 0, dp_rank, train.batch_size)
-        with strategy.precision.forward_context():
-            out = model(strategy.precision.convert_input(x.to(strategy.root_device)))
-        loss = torch.nn.functional.mse_loss(out.float(), y.to(out.device))
-        strategy.backward(loss, model)
-        for o in optimizers:
-            strategy.optimizer_step(o)
-            o.zero_grad()
-    state = {"state_dict": model, "optimizer_states": optimizers, "epoch": 2, "global_step": 9}
-    strategy.save_checkpoint(path, state)
-    out = _read_all(model, optimizers)
-    end(strategy)
-    return out
-
-
-def _trainer_load_rank(ctx: Any, plan: CkptPlan, path: str) -> dict[str, Any]:
-    scenario = plan.load
-    strategy, model, optimizers = build_with_two_optimizers(ctx, scenario)
-    before = files_digest(path)
-    try:
-        strategy.load_checkpoint(path, {"state_dict": model, "optimizer_states": optimizers[:1]})
-        refused = None
-    except RuntimeError as exc:
-        refused = str(exc)
-    unchanged = files_digest(path) == before
-    state: dict[str, Any] = {"state_dict": model, "optimizer_states": optimizers, "epoch": 0}
-    strategy.load_checkpoint(path, state)
-    out = {
-        **_read_all(model, optimizers),
-        "refused": refused,
-        "unchanged": unchanged,
-        "epoch": state["epoch"],
-    }
-    end(strategy)
-    return out
-
-
 def _aligned(scenario: Scenario) -> bool:
     """Configurations whose FSDP1 flat parameters each lie in one of the two optimizers:
     any model_parallel one; under fsdp, Block-only models whose policy makes each Block its
@@ -258,7 +194,7 @@ def test_trainer_layout_with_two_optimizers(
     plan: CkptPlan, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     path = os.path.join(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()), "trainer.ckpt")
-    saved = run(_trainer_save_rank, plan, path, world_size=plan.save.world_size)[0]
+    saved = run(trainer_save_rank, plan, path, world_size=plan.save.world_size)[0]
     content = torch.load(path, weights_only=True)
     where = f"the trainer file ({plan.worlds})"
     assert {"state_dict", "optimizer_states", "epoch", "global_step"} <= set(content), (
@@ -282,7 +218,7 @@ def test_trainer_layout_with_two_optimizers(
             clause="CKPT-TRAINER-1",
             where=f"{where}, optimizer {index} loaded by plain torch",
         )
-    loaded = run(_trainer_load_rank, plan, path, world_size=plan.load.world_size)
+    loaded = run(trainer_load_rank, plan, path, world_size=plan.load.world_size)
     for rank, out in enumerate(loaded):
         where = f"load rank {rank}, {plan.worlds}, trainer layout"
         assert_same_model(out["model"], saved["model"], clause="CKPT-TRAINER-1", where=where)

@@ -20,11 +20,9 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness import Strategy
 from suites.lib.controller.checkpoint_checks import (
     assert_same_model,
     assert_same_optim,
@@ -36,15 +34,9 @@ from suites.lib.controller.checkpoint_checks import (
 from suites.lib.controller.checkpoint_plans import ckpt_plans
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.scenarios import examples, plain_blocks
-from suites.lib.ranks.checkpoint_jobs import attempt, build_with_two_optimizers
-from suites.lib.ranks.readers import gathered_optim_state, gathered_state
-from suites.lib.ranks.training import end
+from suites.lib.ranks.checkpoint_interop_jobs import LIST_KEY, full_list_rank, sharded_list_rank
 from suites.lib.shared.checkpoint_specs import CkptPlan
-from suites.lib.shared.models import make_batch
 from suites.lib.shared.specs import FSDPConfig, Scenario, WrapSpec
-
-#: the trainer's key for a list of optimizers (CKPT-TRAINER-1)
-LIST_KEY = "optimizer_states"
 
 
 def _param(family: str) -> Any:
@@ -66,67 +58,6 @@ def _unit_aligned(plan: CkptPlan) -> CkptPlan:
         return dataclasses.replace(scenario, model=model, strategy=strategy)
 
     return dataclasses.replace(plan, save=align(plan.save), load=align(plan.load))
-
-
-def _train(strategy: Strategy, model: Any, optimizers: list[Any], scenario: Scenario) -> None:
-    """``scenario.plan.steps`` steps, one micro-batch each, every optimizer stepping."""
-    dp_rank, plan = strategy.distributed_sampler_kwargs["rank"], scenario.plan
-    device = strategy.root_device
-    for step in range(plan.steps):
-        x, y = make_batch(scenario.model, plan.data_seed, step, 0, dp_rank, plan.batch_size)
-        with strategy.precision.forward_context():
-            out = model(strategy.precision.convert_input(x.to(device)))
-        strategy.backward(F.mse_loss(out.float(), y.to(device)), model)
-        for optimizer in optimizers:
-            strategy.optimizer_step(optimizer)
-            optimizer.zero_grad()
-
-
-def _read_all(model: Any, optimizers: list[Any]) -> dict[str, Any]:
-    return {
-        "model": gathered_state(model),
-        "optims": [gathered_optim_state(model, o) for o in optimizers],
-    }
-
-
-def _sharded_list_rank(ctx: Any, plan: CkptPlan, path: str) -> dict[str, Any]:
-    """Train and save a list of two optimizers sharded; load it back, one too few first."""
-    strategy, model, optimizers = build_with_two_optimizers(
-        ctx, plan.save, "sharded", plan.save.empty_init
-    )
-    _train(strategy, model, optimizers, plan.save)
-    strategy.save_checkpoint(path, {"model": model, LIST_KEY: optimizers, "epoch": 2})
-    saved = _read_all(model, optimizers)  # after the save, like the other round trips
-
-    fresh, f_model, f_optims = build_with_two_optimizers(
-        ctx, plan.load, "sharded", plan.load.empty_init
-    )
-    refused = attempt(
-        lambda: fresh.load_checkpoint(path, {"model": f_model, LIST_KEY: f_optims[:1]}), path
-    )
-    state: dict[str, Any] = {"model": f_model, LIST_KEY: f_optims, "epoch": 0}
-    returned = fresh.load_checkpoint(path, state)
-    out = {
-        "saved": saved,
-        "loaded": {**_read_all(f_model, f_optims), "epoch": state["epoch"]},
-        "refused": refused,
-        "returned": dict(returned or {}),
-    }
-    end(strategy)
-    end(fresh)
-    return out
-
-
-def _full_list_rank(ctx: Any, plan: CkptPlan, path: str) -> dict[str, Any]:
-    """Load the converted full file into fresh objects with two optimizers."""
-    strategy, model, optimizers = build_with_two_optimizers(
-        ctx, plan.load, "full", plan.load.empty_init
-    )
-    state: dict[str, Any] = {"model": model, LIST_KEY: optimizers, "epoch": 0}
-    strategy.load_checkpoint(path, state)
-    out = {**_read_all(model, optimizers), "epoch": state["epoch"]}
-    end(strategy)
-    return out
 
 
 def _check_loaded(out: dict[str, Any], saved: dict[str, Any], clause: str, where: str) -> None:
@@ -168,7 +99,7 @@ def test_list_of_optimizers_round_trips_sharded_and_converts(
     plan = data.draw(plans.map(_unit_aligned), label="plan")
     directory = tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp())
     sharded, full = os.path.join(directory, "ckpt"), os.path.join(directory, "full.pt")
-    results = run(_sharded_list_rank, plan, sharded, world_size=plan.save.world_size)
+    results = run(sharded_list_rank, plan, sharded, world_size=plan.save.world_size)
     saved = results[0]["saved"]
     for rank, out in enumerate(results):
         where = f"rank {rank}, {plan.worlds}, {LIST_KEY} = [2 optimizers]"
@@ -186,7 +117,7 @@ def test_list_of_optimizers_round_trips_sharded_and_converts(
     convert_offline(sharded, full)  # one process, no process group
     content = torch.load(full, weights_only=True)
     _check_converted(content, saved, f"the converted file, {plan.worlds}")
-    loaded = run(_full_list_rank, plan, full, world_size=plan.load.world_size)
+    loaded = run(full_list_rank, plan, full, world_size=plan.load.world_size)
     for rank, out in enumerate(loaded):
         where = f"rank {rank}, {plan.worlds}, the converted full file"
         _check_loaded(out, saved, "CKPT-RT-4", where)

@@ -19,7 +19,6 @@ import copy
 import dataclasses
 import shutil
 import tempfile
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -43,57 +42,11 @@ from suites.lib.controller.oracles import (
 )
 from suites.lib.controller.scenarios import scenarios, world_sizes
 from suites.lib.controller.tolerances import tolerance
-from suites.lib.ranks.checkpoint_jobs import build, path_for
-from suites.lib.ranks.readers import gathered_state
-from suites.lib.ranks.training import end, micro_step
+from suites.lib.ranks.checkpoint_jobs import path_for
+from suites.lib.ranks.resume_jobs import Save, Segment, segment_rank
 from suites.lib.shared.checkpoint_specs import FORMATS
 from suites.lib.shared.session_ops import Step
 from suites.lib.shared.specs import Scenario, TrainPlan
-
-
-@dataclass(frozen=True)
-class Save:
-    """Save model and optimizer to ``path``."""
-
-    path: str
-
-
-@dataclass
-class Segment:
-    """What one strategy instance does: set up (and load ``source``), then ``ops``."""
-
-    scenario: Scenario
-    fmt: str
-    source: str | None = None
-    ops: list[Step | Save] = field(default_factory=list)
-
-
-def _take_step(t: Any, scenario: Scenario, step: Step, dp_rank: int) -> None:
-    plan = dataclasses.replace(scenario.plan, micro_batches=step.micro)
-    sc = dataclasses.replace(scenario, plan=plan)
-    for micro in range(step.micro):
-        with t.strategy.no_backward_sync(t.model, enabled=micro < step.micro - 1):
-            micro_step(t, sc, step.index, micro, dp_rank)
-    if step.clip is not None:
-        t.strategy.clip_gradients_norm(t.model, t.optimizer, max_norm=step.clip)
-    t.strategy.optimizer_step(t.optimizer)
-    t.optimizer.zero_grad()
-
-
-def segment_rank(ctx: Any, segment: Segment) -> dict[str, Any]:
-    """Replay ``segment`` on this rank; return the gathered parameters."""
-    t = build(ctx, segment.scenario, segment.fmt)
-    if segment.source is not None:
-        t.strategy.load_checkpoint(segment.source, {"model": t.model, "optimizer": t.optimizer})
-    dp_rank = t.strategy.distributed_sampler_kwargs["rank"]
-    for op in segment.ops:
-        if isinstance(op, Step):
-            _take_step(t, segment.scenario, op, dp_rank)
-        else:
-            t.strategy.save_checkpoint(op.path, {"model": t.model, "optimizer": t.optimizer})
-    state = gathered_state(t.model)
-    end(t.strategy)
-    return {"state": state}
 
 
 class PlainReference:

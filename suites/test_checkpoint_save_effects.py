@@ -10,7 +10,6 @@ never-stepped optimizer's state happens on both alike.
 
 from __future__ import annotations
 
-import copy
 import tempfile
 from typing import Any
 
@@ -22,54 +21,10 @@ from suites.lib.controller.checkpoint_checks import tree_diff
 from suites.lib.controller.checkpoint_plans import ckpt_plans
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.scenarios import examples
-from suites.lib.ranks.checkpoint_jobs import build, path_for, read_state, train_plan
-from suites.lib.ranks.training import end
-from suites.lib.shared.checkpoint_specs import CkptPlan, make_metadata, plain_metadata
+from suites.lib.ranks.checkpoint_save_jobs import save_changes_nothing_rank
+from suites.lib.shared.checkpoint_specs import CkptPlan
 
 CLAUSE = "CKPT-SAVE-7"
-
-
-def _flags(model: Any) -> dict[str, Any]:
-    """What a save must not flip on the module: training mode and each ``requires_grad``."""
-    return {
-        "training": model.training,
-        "requires_grad": {n: p.requires_grad for n, p in model.named_parameters()},
-    }
-
-
-def _save_changes_nothing_rank(ctx: Any, plan: CkptPlan, directory: str) -> dict[str, Any]:
-    saver, twin = build(ctx, plan.save, plan.fmt), build(ctx, plan.save, plan.fmt)
-    train_plan(saver, plan.save)
-    train_plan(twin, plan.save)
-    state: dict[str, Any] = {
-        "model": saver.model,
-        "optimizer": saver.optimizer,
-        **make_metadata(plan.meta),
-    }
-    objects = dict(state)
-    meta_before = copy.deepcopy(plain_metadata({k: state[k] for k in _meta_keys(state)}))
-    flags_before = _flags(saver.model)
-    before, _ = read_state(saver), read_state(twin)
-    saver.strategy.save_checkpoint(path_for(directory, plan.fmt), state)
-    after, _ = read_state(saver), read_state(twin)
-    out = {
-        "keys": (sorted(objects), sorted(state)),
-        "replaced": sorted(k for k in objects if k in state and state[k] is not objects[k]),
-        "meta": (meta_before, plain_metadata({k: state[k] for k in _meta_keys(state)})),
-        "flags": (flags_before, _flags(saver.model)),
-        "state": (before, after),
-    }
-    train_plan(saver, plan.save, steps=1)
-    train_plan(twin, plan.save, steps=1)
-    out["next_step"] = (read_state(saver), read_state(twin))
-    end(saver.strategy)
-    end(twin.strategy)
-    return out
-
-
-def _meta_keys(state: dict[str, Any]) -> list[str]:
-    """The metadata entries of a ``state`` dict: everything but the module and optimizer."""
-    return sorted(k for k in state if k not in ("model", "optimizer"))
 
 
 def check_nothing_changed(plan: CkptPlan, out: dict[str, Any], rank: int) -> None:
@@ -110,6 +65,6 @@ def test_saving_changes_nothing(
 ) -> None:
     plan = data.draw(ckpt_plans(family, fmt, same_config=True), label="plan")
     directory = tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp())
-    results = run(_save_changes_nothing_rank, plan, directory, world_size=plan.save.world_size)
+    results = run(save_changes_nothing_rank, plan, directory, world_size=plan.save.world_size)
     for rank, out in enumerate(results):
         check_nothing_changed(plan, out, rank)

@@ -13,8 +13,6 @@ families and formats), as a check of its own.
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import tempfile
 from typing import Any
 
@@ -28,13 +26,11 @@ from suites.lib.controller.clause_covers import covering_rows, round_trip_plan
 from suites.lib.controller.covering import CoverRow
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.scenarios import examples, with_scale
-from suites.lib.ranks.checkpoint_jobs import attempt, build, read_state, train_plan
-from suites.lib.ranks.training import end
+from suites.lib.ranks.checkpoint_refusal_jobs import non_strict_rank, strict_rank
 from suites.lib.shared.checkpoint_specs import CkptPlan
-from suites.lib.shared.specs import Scenario
+from suites.lib.shared.models import ModelSpec
 
 CASES = [(f, m) for f in ("fsdp", "model_parallel") for m in ("full", "sharded")]
-OTHER_GROUPS = {"one": "by_depth", "by_depth": "by_kind", "by_kind": "one"}
 
 
 def _params(clause: str) -> list[Any]:
@@ -47,40 +43,10 @@ def _params(clause: str) -> list[Any]:
     ]
 
 
-def _with_scale(scenario: Scenario, scale: bool) -> Scenario:
-    return dataclasses.replace(scenario, model=with_scale(scenario.model, scale))
-
-
-def _two_checkpoints(ctx: Any, plan: CkptPlan, directory: str) -> tuple[Any, Any, str, str]:
-    """``a`` (no Scale keys, saving seed) and ``b`` (Scale keys, fresh seed), each trained
-    and saved: model, optimizer and ``{"step": 7}``."""
-    a = build(ctx, _with_scale(plan.save, False), plan.fmt)
-    b = build(ctx, _with_scale(plan.load, True), plan.fmt)
-    paths = []
-    for name, t in (("without", a), ("with", b)):
-        train_plan(t, plan.save)
-        path = os.path.join(directory, f"{name}.pt" if plan.fmt == "full" else name)
-        t.strategy.save_checkpoint(path, {"model": t.model, "optimizer": t.optimizer, "step": 7})
-        paths.append(path)
-    return a, b, paths[0], paths[1]
-
-
-def _strict_rank(ctx: Any, plan: CkptPlan, directory: str) -> dict[str, Any]:
-    a, b, without, with_ = _two_checkpoints(ctx, plan, directory)
-    out = {
-        "missing": attempt(
-            lambda: b.strategy.load_checkpoint(without, {"model": b.model}), directory
-        ),
-        "unexpected": attempt(
-            lambda: a.strategy.load_checkpoint(with_, {"model": a.model}), directory
-        ),
-        "meta": attempt(
-            lambda: a.strategy.load_checkpoint(without, {"model": a.model, "absent": 1}), directory
-        ),
-    }
-    end(a.strategy)
-    end(b.strategy)
-    return out
+def _models(plan: CkptPlan) -> tuple[ModelSpec, ModelSpec]:
+    """The two models of the jobs: ``a`` without the ``Scale`` keys (``plan.save``'s) and
+    ``b`` with them (``plan.load``'s)."""
+    return with_scale(plan.save.model, False), with_scale(plan.load.model, True)
 
 
 @pytest.mark.parametrize("family,fmt", _params("CKPT-STRICT-1"))
@@ -102,7 +68,9 @@ def test_strict_load_refuses_key_differences_across_the_space(
 
 
 def _check_strict(plan: CkptPlan, directory: str) -> None:
-    for rank, out in enumerate(run(_strict_rank, plan, directory, world_size=plan.save.world_size)):
+    models = _models(plan)
+    results = run(strict_rank, plan, directory, models, world_size=plan.save.world_size)
+    for rank, out in enumerate(results):
         what = f"rank {rank}, {plan.worlds}, strict=True"
         errors = ("KeyError", "RuntimeError")
         check_refusal(
@@ -122,35 +90,6 @@ def _check_strict(plan: CkptPlan, directory: str) -> None:
             f"{what}, requested metadata missing",
             ("absent",),
         )
-
-
-def _non_strict_rank(ctx: Any, plan: CkptPlan, directory: str) -> dict[str, Any]:
-    a, b, without, with_ = _two_checkpoints(ctx, plan, directory)
-    saved_a, saved_b = read_state(a)["model"], read_state(b)["model"]
-    state: dict[str, Any] = {"model": b.model, "step": -1, "absent": "kept"}
-    out: dict[str, Any] = {
-        "saved_a": saved_a,
-        "saved_b": saved_b,
-        "missing": attempt(
-            lambda: b.strategy.load_checkpoint(without, state, strict=False), directory
-        ),
-    }
-    out["b"], out["step"], out["absent"] = read_state(b)["model"], state["step"], state["absent"]
-    out["unexpected"] = attempt(
-        lambda: a.strategy.load_checkpoint(with_, {"model": a.model}, strict=False), directory
-    )
-    out["a"] = read_state(a)["model"]
-    other = dataclasses.replace(plan.save.optim, groups=OTHER_GROUPS[plan.save.optim.groups])
-    regrouped = a.strategy.setup_optimizer(other.build(a.model.named_parameters()))
-    out["groups"] = attempt(
-        lambda: a.strategy.load_checkpoint(
-            without, {"model": a.model, "optimizer": regrouped}, strict=False
-        ),
-        directory,
-    )
-    end(a.strategy)
-    end(b.strategy)
-    return out
 
 
 def _scale(state: dict) -> dict:
@@ -180,7 +119,8 @@ def test_non_strict_load_keeps_missing_and_ignores_unexpected_across_the_space(
 
 
 def _check_non_strict(plan: CkptPlan, directory: str) -> None:
-    results = run(_non_strict_rank, plan, directory, world_size=plan.save.world_size)
+    models = _models(plan)
+    results = run(non_strict_rank, plan, directory, models, world_size=plan.save.world_size)
     for rank, out in enumerate(results):
         what = f"CKPT-STRICT-2: rank {rank}, {plan.worlds}, strict=False"
         for key in ("missing", "unexpected"):

@@ -34,7 +34,8 @@ from suites.lib.controller.dispatch import run
 from suites.lib.controller.oracles import assert_close_state, assert_parity, assert_same_on_ranks
 from suites.lib.controller.scenarios import scenarios, train_plans
 from suites.lib.controller.tolerances import EXACT
-from suites.lib.ranks.cuda_jobs import device_rank, observed_train_rank, skip_rank
+from suites.lib.ranks.cuda_jobs import device_rank, observed_train_rank
+from suites.lib.ranks.precision_jobs import skip_rank
 from suites.lib.ranks.training import RankResult
 from suites.lib.shared.specs import MPConfig, Scenario
 

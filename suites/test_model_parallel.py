@@ -11,18 +11,16 @@ from typing import Any
 import pytest
 from hypothesis import example, given
 
-from harness import RankContext
 from suites.lib.controller.clause_covers import covering_examples
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.oracles import assert_parity
 from suites.lib.controller.scenarios import meshes, scenarios, train_plans, world_sizes
-from suites.lib.ranks.structure import fsdp2_units, sync_flags
-from suites.lib.ranks.training import end, setup, train_rank
-from suites.lib.shared.models import BlockSpec, ModelSpec, build_model, clean_name
-from suites.lib.shared.parallelize import expected_tp_placements, parallelize_zoo
+from suites.lib.ranks.model_parallel_jobs import layout_rank, mesh_rank, switch_rank
+from suites.lib.ranks.training import train_rank
+from suites.lib.shared.models import BlockSpec, ModelSpec
+from suites.lib.shared.parallelize import expected_tp_placements
 from suites.lib.shared.specs import MPConfig, OptimSpec, Scenario, TrainPlan
 
-SPEC = ModelSpec(hidden=4, blocks=(BlockSpec(ffn=4), BlockSpec("NestedBlock", ffn=2, inner=1)))
 #: the transformer-shaped zoo on a 2 x 2 mesh: hand attention split by heads over the
 #: tensor-parallel dim, nn.MultiheadAttention left to FSDP2, a root parameter and a Block
 #: called twice (its own unit); drawn scenarios reach it only by chance
@@ -45,42 +43,11 @@ ZOO_2X2 = Scenario(
 )
 
 
-def _mesh_rank(ctx: RankContext, dp: int, tp: int) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-
-    def parallelize(module: Any, mesh: Any) -> Any:
-        seen["mesh"] = mesh
-        return parallelize_zoo(module, mesh, tp_plan="mlp" if tp > 1 else "none")
-
-    strategy = ctx.make_strategy(
-        "model_parallel", parallelize_fn=parallelize, data_parallel_size=dp, tensor_parallel_size=tp
-    )
-    out: dict[str, Any] = {"device": ctx.device.type}
-    try:
-        strategy.device_mesh  # noqa: B018 - reading it is the check
-        out["early"] = "no error"
-    except RuntimeError:
-        out["early"] = "RuntimeError"
-    strategy.setup_environment()
-    mesh = strategy.device_mesh
-    out.update(
-        type=mesh.device_type, names=tuple(mesh.mesh_dim_names or ()), shape=tuple(mesh.shape)
-    )
-    strategy.setup_module(build_model(SPEC))
-    given_mesh = seen.get("mesh")
-    out["handed"] = given_mesh is not None and (
-        given_mesh is mesh
-        or tuple(given_mesh.mesh.flatten().tolist()) == tuple(mesh.mesh.flatten().tolist())
-    )
-    end(strategy)
-    return out
-
-
 @pytest.mark.clause("MP-1")
 @given(world_sizes().flatmap(lambda w: meshes(w).map(lambda m: (w, m))))
 def test_the_mesh_is_built_at_setup_environment_and_handed_over(case: tuple) -> None:
     world, (dp, tp) = case
-    for rank, out in enumerate(run(_mesh_rank, dp, tp, world_size=world)):
+    for rank, out in enumerate(run(mesh_rank, dp, tp, world_size=world)):
         assert out["early"] == "RuntimeError", (
             f"rank {rank}: reading device_mesh before setup_environment gave {out['early']}"
         )
@@ -105,18 +72,6 @@ def test_tensor_parallel_and_fsdp2_training_matches_the_plain_model(scenario: Sc
     assert_parity(results, scenario)
 
 
-def _layout_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
-    t = setup(ctx, scenario)
-    params = {}
-    for name, p in t.model.named_parameters():
-        placements = tuple(repr(x) for x in getattr(p, "placements", ()))
-        local = p.to_local() if hasattr(p, "to_local") else p
-        params[clean_name(name)] = (placements, tuple(local.shape), tuple(p.shape))
-    out = {"params": params, "units": fsdp2_units(t.model)}
-    end(t.strategy)
-    return out
-
-
 @pytest.mark.clause("SHARD-1", "MP-2")
 @given(scenarios("model_parallel"))
 @example(ZOO_2X2)
@@ -124,7 +79,7 @@ def test_fsdp2_and_tensor_parallel_placements(scenario: Scenario) -> None:
     config = scenario.strategy
     assert isinstance(config, MPConfig)
     dp, tp = config.data_parallel_size, config.tensor_parallel_size
-    for rank, out in enumerate(run(_layout_rank, scenario, world_size=scenario.world_size)):
+    for rank, out in enumerate(run(layout_rank, scenario, world_size=scenario.world_size)):
         assert "" in out["units"], f"rank {rank}: the root is not an FSDP2 module: {out['units']}"
         dp_rank = rank // tp
         for name, (placements, local, full) in out["params"].items():
@@ -141,31 +96,6 @@ def test_fsdp2_and_tensor_parallel_placements(scenario: Scenario) -> None:
             assert local[0] == want, f"{where}: holds {local[0]} of {full[0]} rows, not {want}"
 
 
-def _switch_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
-    t = setup(ctx, scenario)
-    out: dict[str, Any] = {"before": sync_flags(t.model)}
-    with t.strategy.no_backward_sync(t.model, enabled=True):
-        out["inside"] = sync_flags(t.model)
-    out["after"] = sync_flags(t.model)
-    try:
-        with t.strategy.no_backward_sync(t.model, enabled=True):
-            raise KeyError("the body raised")
-    except KeyError:
-        pass
-    out["after_raise"] = sync_flags(t.model)
-    from torch.distributed.fsdp import FSDPModule
-
-    inner = [m for m in t.model.modules() if isinstance(m, FSDPModule) and m is not t.model]
-    if inner:  # the user switched one unit off before entering: it must stay off
-        inner[0].set_requires_gradient_sync(False, recurse=False)
-        out["user_before"] = sync_flags(t.model)
-        with t.strategy.no_backward_sync(t.model, enabled=True):
-            pass
-        out["user_after"] = sync_flags(t.model)
-    end(t.strategy)
-    return out
-
-
 def _all_off(flags: dict[str, Any]) -> bool:
     return all(not any(any(pair) for pair in groups) for groups in flags.values())
 
@@ -174,7 +104,7 @@ def _all_off(flags: dict[str, Any]) -> bool:
 @covering_examples("MP-4")
 @given(scenarios("model_parallel"))
 def test_no_backward_sync_switches_every_fsdp2_module_and_restores_it(scenario: Scenario) -> None:
-    for rank, out in enumerate(run(_switch_rank, scenario, world_size=scenario.world_size)):
+    for rank, out in enumerate(run(switch_rank, scenario, world_size=scenario.world_size)):
         before = out["before"]
         assert _all_off(out["inside"]), f"rank {rank}: sync still on inside: {out['inside']}"
         assert out["after"] == before, f"rank {rank}: after exit {out['after']}, was {before}"

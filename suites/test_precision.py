@@ -25,47 +25,16 @@ from suites.lib.controller.oracles import (
 )
 from suites.lib.controller.scenarios import scenarios, train_plans
 from suites.lib.controller.tolerances import EXACT
-from suites.lib.ranks.readers import gathered_state
-from suites.lib.ranks.training import (
-    compute_dtypes,
-    end,
-    micro_step,
-    optimizer_state_dtypes,
-    setup,
-    train_rank,
-)
-from suites.lib.shared.models import Scale, clean_name
+from suites.lib.ranks.precision_jobs import buffer_rank, dtype_rank, skip_rank
+from suites.lib.ranks.training import train_rank
 from suites.lib.shared.specs import Scenario
 
 FAMILIES = st.sampled_from(["fsdp", "model_parallel"])
 SHARDINGS = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
-def _dtype_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
-    t = setup(ctx, scenario)
-    out: dict[str, Any] = {"compute": compute_dtypes(t, scenario)}
-    out["grads"] = sorted({str(p.grad.dtype) for p in t.model.parameters() if p.grad is not None})
-    t.strategy.optimizer_step(t.optimizer)
-    out["params"] = sorted({str(p.dtype) for p in t.model.parameters()})
-    out["optim"] = optimizer_state_dtypes(t.optimizer)
-    reduce = set()
-    for module in t.model.modules():
-        policy = getattr(module, "mixed_precision", None)  # FSDP1 units
-        if policy is not None and hasattr(policy, "reduce_dtype"):
-            reduce.add(str(policy.reduce_dtype))
-    out["reduce"] = sorted(reduce)
-    end(t.strategy)
-    return out
-
-
 def _check_dtypes(scenario: Scenario, grads: bool) -> list[dict[str, Any]]:
-    outs = run(_dtype_rank, scenario, world_size=scenario.world_size)
+    outs = run(dtype_rank, scenario, world_size=scenario.world_size)
     want = {k: str(v) for k, v in expected_dtypes(scenario.precision).items()}
     for rank, out in enumerate(outs):
         where = f"rank {rank} ({scenario.precision})"
@@ -138,28 +107,10 @@ def test_low_precision_training_matches_within_its_tolerance(scenario: Scenario)
     assert_parity(results, scenario)
 
 
-def _skip_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
-    t = setup(ctx, scenario)
-    dp_rank = t.strategy.distributed_sampler_kwargs["rank"]
-    initial = gathered_state(t.model)
-    micro_step(t, scenario, 0, 0, dp_rank)
-    if ctx.rank == 0:  # one rank sees an overflow in its own gradient shard
-        grad = next(_local(p.grad) for p in t.model.parameters() if p.grad is not None)
-        grad.view(-1)[0] = float("inf")
-    t.strategy.optimizer_step(t.optimizer)
-    t.optimizer.zero_grad()
-    skipped = gathered_state(t.model)
-    micro_step(t, scenario, 1, 0, dp_rank)
-    t.strategy.optimizer_step(t.optimizer)
-    out = {"initial": initial, "skipped": skipped, "stepped": gathered_state(t.model)}
-    end(t.strategy)
-    return out
-
-
 @pytest.mark.clause("PREC-2")
 @given(scenarios("fsdp", sharding=SHARDINGS, precisions=("16-mixed",), frozen=False))
 def test_grad_scaler_skips_the_step_on_every_rank(scenario: Scenario) -> None:
-    outs = run(_skip_rank, scenario, world_size=scenario.world_size)
+    outs = run(skip_rank, scenario, world_size=scenario.world_size)
     for rank, out in enumerate(outs):
         assert_close_state(
             out["skipped"], out["initial"], EXACT, what=f"rank {rank}: after an inf on rank 0"
@@ -167,21 +118,6 @@ def test_grad_scaler_skips_the_step_on_every_rank(scenario: Scenario) -> None:
         moved = [k for k in out["stepped"] if not torch.equal(out["stepped"][k], out["initial"][k])]
         assert moved, f"rank {rank}: the next, finite step changed no parameter"
     assert_same_on_ranks([out["stepped"] for out in outs], what="parameter after the next step")
-
-
-def _buffer_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
-    t = setup(ctx, scenario)
-    micro_step(t, scenario, 0, 0, t.strategy.distributed_sampler_kwargs["rank"])
-    seen = {clean_name(n): m.seen_dtype for n, m in t.model.named_modules() if isinstance(m, Scale)}
-    state = gathered_state(t.model)
-    end(t.strategy)
-    buffer = state.get("scale.scale")
-    return {
-        "seen": seen.get("scale"),
-        "saved": None if buffer is None else (str(buffer.dtype), tuple(buffer.shape)),
-        "value": buffer,
-        "offset_saved": "scale.offset" in state,
-    }
 
 
 @pytest.mark.clause("PREC-4")
@@ -202,7 +138,7 @@ def test_buffers_compute_low_but_are_saved_as_stored(scenario: Scenario) -> None
     compute = {c.replace("torch.", "") for c in compute}
     stored = (str(want["stored"]), (scenario.model.hidden,))
     initial = reference_run(scenario, steps=0).initial["scale.scale"]
-    for rank, out in enumerate(run(_buffer_rank, scenario, world_size=scenario.world_size)):
+    for rank, out in enumerate(run(buffer_rank, scenario, world_size=scenario.world_size)):
         assert out["seen"] in compute, (
             f"rank {rank}: the buffer 'scale.scale' was {out['seen']} during the forward; "
             f"{scenario.precision} computes with buffers in {sorted(compute)}"

@@ -20,18 +20,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness import RankContext
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.oracles import assert_parity
 from suites.lib.controller.scenarios import examples, scenarios, train_plans
+from suites.lib.ranks.precision_jobs import true_low_dtype_rank
 from suites.lib.ranks.training import (
-    Trained,
-    compute_dtypes,
-    end,
-    optimizer_state_dtypes,
     train_rank,
 )
-from suites.lib.shared.models import build_model
 from suites.lib.shared.specs import Scenario
 
 LOW = {"bf16-true": torch.bfloat16, "16-true": torch.float16}
@@ -63,34 +58,13 @@ def true_scenarios(
     )
 
 
-def _dtype_rank(ctx: RankContext, scenario: Scenario) -> dict[str, Any]:
-    """One step; the dtypes of parameters at creation, after set-up, in compute, of the
-    gradients and of the optimizer state."""
-    strategy = ctx.make_strategy(scenario.family, **scenario.options())
-    strategy.setup_environment()
-    with strategy.module_init_context(empty_init=scenario.empty_init):
-        model: torch.nn.Module = build_model(scenario.model)
-    out: dict[str, Any] = {"created": sorted({str(p.dtype) for p in model.parameters()})}
-    model = strategy.setup_module(model)
-    optimizer = strategy.setup_optimizer(scenario.optim.build(model.named_parameters()))
-    t = Trained(strategy, model, optimizer)
-    out["setup"] = sorted({str(p.dtype) for p in t.model.parameters()})
-    out["compute"] = compute_dtypes(t, scenario)
-    out["grads"] = sorted({str(p.grad.dtype) for p in t.model.parameters() if p.grad is not None})
-    t.strategy.optimizer_step(t.optimizer)
-    out["optim"] = optimizer_state_dtypes(t.optimizer)
-    out["stepped"] = sorted({str(p.dtype) for p in t.model.parameters()})
-    end(t.strategy)
-    return out
-
-
 @pytest.mark.clause("PREC-3")
 @given(true_scenarios(optimizers=("adam", "adamw")))
 def test_true_low_precision_keeps_model_parallel_parameters_and_state_low(
     scenario: Scenario,
 ) -> None:
     low = str(LOW[scenario.precision])
-    outs = run(_dtype_rank, scenario, world_size=scenario.world_size)
+    outs = run(true_low_dtype_rank, scenario, world_size=scenario.world_size)
     for rank, out in enumerate(outs):
         where = f"PREC-3: rank {rank} (model_parallel, {scenario.precision})"
         assert out["created"] == [low], (

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from typing import Any
 
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from harness import RankContext
 from suites.lib.controller.clause_covers import covering_examples, covering_rows
 from suites.lib.controller.covering import CoverRow, richest_block
 from suites.lib.controller.dispatch import run
@@ -30,9 +28,14 @@ from suites.lib.controller.oracles import (
 from suites.lib.controller.regressions import AC_BLOCKS, WRAP_MHA_MIXED
 from suites.lib.controller.scenarios import job_world, scenarios, train_plans
 from suites.lib.controller.tolerances import EXACT
-from suites.lib.ranks.readers import gathered_state
-from suites.lib.ranks.structure import checkpoint_wrapped, fsdp1_units, nested_checkpoint_wrappers
-from suites.lib.ranks.training import end, setup, train_rank
+from suites.lib.ranks.sharding_jobs import (
+    ac_rank,
+    layout_rank,
+    prechecked_rank,
+    prewrapped_rank,
+    units_rank,
+)
+from suites.lib.ranks.training import train_rank
 from suites.lib.shared.models import BlockSpec, ModelSpec, build_model
 from suites.lib.shared.specs import ACSpec, FSDPConfig, Scenario, WrapSpec
 
@@ -43,20 +46,13 @@ ALIGN_SLACK = 4
 FAMILIES = st.sampled_from(["fsdp", "model_parallel"])
 
 
-def _layout_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
-    t = setup(ctx, scenario)
-    out = {"units": fsdp1_units(t.model), "state": gathered_state(t.model)}
-    end(t.strategy)
-    return out
-
-
 @pytest.mark.clause("SHARD-1")
 @covering_examples("SHARD-1")
 @given(scenarios("fsdp", wrap_kinds=("none", "classes", "size")))
 def test_each_rank_holds_its_share_of_every_unit(scenario: Scenario) -> None:
     config = scenario.strategy
     assert isinstance(config, FSDPConfig)
-    results = run(_layout_rank, scenario, world_size=scenario.world_size)
+    results = run(layout_rank, scenario, world_size=scenario.world_size)
     factor = scenario.shard_factor
     initial = reference_run(scenario, steps=0).initial
     for rank, result in enumerate(results):
@@ -92,13 +88,6 @@ def test_gathered_parameters_identical_on_every_rank(scenario: Scenario) -> None
     assert_same_on_ranks([r.state for r in results], what="gathered parameter")
 
 
-def _units_rank(ctx: Any, scenario: Scenario) -> list[str]:
-    t = setup(ctx, scenario)
-    units = sorted(fsdp1_units(t.model))
-    end(t.strategy)
-    return units
-
-
 @pytest.mark.clause("WRAP-1")
 @covering_examples("WRAP-1")
 @given(
@@ -113,7 +102,7 @@ def test_units_are_exactly_those_the_policy_selects(scenario: Scenario) -> None:
     config = scenario.strategy
     assert isinstance(config, FSDPConfig)
     expected = sorted(config.wrap.expected_units(build_model(scenario.model, "meta")) | {""})
-    for rank, units in enumerate(run(_units_rank, scenario, world_size=scenario.world_size)):
+    for rank, units in enumerate(run(units_rank, scenario, world_size=scenario.world_size)):
         assert units == expected, (
             f"rank {rank}: FSDP units {units} differ from the ones {config.wrap} selects "
             f"{expected} ('' is the root)"
@@ -123,23 +112,6 @@ def test_units_are_exactly_those_the_policy_selects(scenario: Scenario) -> None:
 def _small_scenario(world: int, **config: Any) -> Scenario:
     spec = ModelSpec(hidden=4, blocks=(BlockSpec(ffn=3), BlockSpec(ffn=2)), seed=1)
     return Scenario(world, spec, FSDPConfig(**config))
-
-
-def _prewrapped_rank(ctx: RankContext, scenario: Scenario) -> dict[str, Any]:
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    strategy = ctx.make_strategy("fsdp", **scenario.options())
-    strategy.setup_environment()
-    zoo = build_model(scenario.model, ctx.device)
-    # the user's own unit, with the original parameters like the strategy's (frozen ones
-    # cannot share a flat parameter with trainable ones otherwise)
-    zoo.blocks[0] = FSDP(zoo.blocks[0], device_id=ctx.device, use_orig_params=True)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model = strategy.setup_module(zoo)
-    out = {"units": sorted(fsdp1_units(model)), "warnings": [str(w.message) for w in caught]}
-    end(strategy)
-    return out
 
 
 @pytest.mark.clause("WRAP-2")
@@ -158,7 +130,7 @@ def test_a_module_the_user_wrapped_is_kept_across_the_space(row: CoverRow) -> No
 def _check_prewrapped(scenario: Scenario) -> None:
     config = scenario.strategy
     assert isinstance(config, FSDPConfig)
-    for rank, out in enumerate(run(_prewrapped_rank, scenario, world_size=scenario.world_size)):
+    for rank, out in enumerate(run(prewrapped_rank, scenario, world_size=scenario.world_size)):
         assert out["units"] == ["", "blocks.0"], (
             f"rank {rank}: units {out['units']}: the user's unit must be kept and the policy "
             "must not wrap blocks.1"
@@ -166,13 +138,6 @@ def _check_prewrapped(scenario: Scenario) -> None:
         assert config.wrap.kind == "none" or any(  # no policy: nothing to ignore
             "wrap" in w.lower() for w in out["warnings"]
         ), f"rank {rank}: no warning that the auto-wrap policy is ignored; got {out['warnings']}"
-
-
-def _ac_rank(ctx: Any, scenario: Scenario) -> dict[str, list[str]]:
-    t = setup(ctx, scenario)
-    out = {"wrapped": checkpoint_wrapped(t.model), "nested": nested_checkpoint_wrappers(t.model)}
-    end(t.strategy)
-    return out
 
 
 def _with_checkpointing(scenario: Scenario) -> Scenario:
@@ -190,7 +155,7 @@ def test_checkpointing_wraps_exactly_the_selected_modules(scenario: Scenario) ->
     config = scenario.strategy
     assert isinstance(config, FSDPConfig)
     expected = sorted(config.ac.expected_wrapped(build_model(scenario.model, "meta")))
-    for rank, out in enumerate(run(_ac_rank, scenario, world_size=scenario.world_size)):
+    for rank, out in enumerate(run(ac_rank, scenario, world_size=scenario.world_size)):
         assert not out["nested"], f"rank {rank}: checkpoint wrappers nested: {out['nested']}"
         assert out["wrapped"] == expected, (
             f"rank {rank}: checkpoint-wrapped modules {out['wrapped']} differ from the ones "
@@ -198,29 +163,10 @@ def test_checkpointing_wraps_exactly_the_selected_modules(scenario: Scenario) ->
         )
 
 
-def _prechecked_rank(ctx: RankContext, scenario: Scenario) -> dict[str, Any]:
-    from harness.torch_compat import checkpoint_wrapper
-
-    strategy = ctx.make_strategy("fsdp", **scenario.options())
-    strategy.setup_environment()
-    zoo = build_model(scenario.model, ctx.device)
-    zoo.blocks[0] = checkpoint_wrapper(zoo.blocks[0])  # the user's own checkpointing
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model = strategy.setup_module(zoo)
-    out = {
-        "wrapped": checkpoint_wrapped(model),
-        "nested": nested_checkpoint_wrappers(model),
-        "warnings": [str(w.message) for w in caught],
-    }
-    end(strategy)
-    return out
-
-
 @pytest.mark.clause("AC-1")
 def test_checkpointing_leaves_an_already_checkpointed_model_alone() -> None:
     scenario = _small_scenario(job_world(), ac=ACSpec("classes", ("Block",)))
-    for rank, out in enumerate(run(_prechecked_rank, scenario, world_size=scenario.world_size)):
+    for rank, out in enumerate(run(prechecked_rank, scenario, world_size=scenario.world_size)):
         assert out["wrapped"] == ["blocks.0"] and not out["nested"], (
             f"rank {rank}: checkpoint wrappers {out['wrapped']} (nested: {out['nested']}); "
             "only the user's blocks.0 wrapper may exist"

@@ -234,3 +234,102 @@ def test_the_state_scan_finds_globals_a_function_writes() -> None:
         "def read():\n    return LIMIT['ci']\n"
     )
     assert module_state("m", source) == {"m._config", "m._pools", "m._seen"}
+
+
+#: What sends a job to the ranks, by the module it is imported from: the harness's
+#: ``run_on_ranks`` and the suites' ``run`` (``suites/lib/controller/dispatch.py``, which
+#: calls it). A ``SessionDriver`` sends the functions its class attributes ``job`` and
+#: ``probe`` hold (``suites/lib/controller/session_driver.py``).
+SENDERS = {
+    "harness": "run_on_ranks",
+    "harness.api": "run_on_ranks",
+    "suites.lib.controller.dispatch": "run",
+}
+JOB_ATTRIBUTES = ("job", "probe")
+
+
+def sent_jobs(source: str) -> list[tuple[int, str, str | None]]:
+    """``(line, job, where it comes from)`` for each job a module sends by name: ``"here"``
+    for a function the module defines, the module it imports the name from, or ``None`` for
+    any other name (a parameter: the module passes on a job it was given)."""
+    tree = ast.parse(source)
+    origin: dict[str, str] = {}
+    senders: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                origin[alias.asname or alias.name] = node.module
+                if SENDERS.get(node.module) == alias.name:
+                    senders.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in SENDERS:
+                    senders.add(f"{alias.asname or alias.name}.{SENDERS[alias.name]}")
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            origin[node.name] = "here"
+    jobs: list[ast.expr] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in senders:
+            fn = node.args[0] if node.args else None
+            fn = next((k.value for k in node.keywords if k.arg == "fn"), fn)
+            jobs += [fn] if fn is not None else []
+        elif isinstance(node, ast.ClassDef):
+            for statement in node.body:
+                if isinstance(statement, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id in JOB_ATTRIBUTES for t in statement.targets
+                ):
+                    value = statement.value
+                    if isinstance(value, ast.Call) and ast.unparse(value.func) == "staticmethod":
+                        value = value.args[0]
+                    jobs.append(value)
+    return sorted((fn.lineno, ast.unparse(fn), origin.get(ast.unparse(fn))) for fn in jobs)
+
+
+def test_rank_jobs_live_in_suites_lib_ranks() -> None:
+    """Every function the suites send to the ranks is defined in ``suites/lib/ranks/``: a
+    ``suites/test_*.py`` module keeps the checks (drawing, sending, comparing), and no module
+    of ``suites/lib/`` imports one."""
+    wrong: list[str] = []
+    sent = 0
+    paths = sorted((ROOT / "suites").glob("test_*.py"))
+    paths += sorted((ROOT / "suites" / "lib" / "controller").glob("*.py"))
+    for path in paths:
+        for line, job, where in sent_jobs(path.read_text()):
+            sent += 1
+            if where is None or where.startswith("suites.lib.ranks."):
+                continue
+            place = "defined in this module" if where == "here" else f"from {where}"
+            wrong.append(f"{path.relative_to(ROOT)}:{line}: sends {job} ({place})")
+    for name, path in _modules().items():
+        if name.startswith("suites.lib"):
+            for line, module, imported in _imports(name, path):
+                target = f"{module}.{imported}" if imported else module
+                if target.startswith("suites.test_"):
+                    wrong.append(f"{path.relative_to(ROOT)}:{line}: imports {target}")
+    assert sent > 50  # the suites' jobs were found
+    assert wrong == []
+
+
+def test_the_rank_job_scan_finds_jobs_sent_from_their_test_module() -> None:
+    source = (
+        "from harness import run_on_ranks as send\n"
+        "from suites.lib.controller.dispatch import run\n"
+        "from suites.lib.ranks.training import train_rank\n"
+        "from elsewhere import helper_rank\n"
+        "import harness\n"
+        "def _own_rank(ctx): ...\n"
+        "def test_a():\n    run(_own_rank, world_size=2)\n    run(train_rank, 1, world_size=2)\n"
+        "def test_b(fn):\n    send(fn=helper_rank, world_size=2)\n"
+        "    harness.run_on_ranks(_own_rank, world_size=2)\n    run(fn, world_size=2)\n"
+        "class Session(Driver):\n    job = staticmethod(_own_rank)\n    probe = train_rank\n"
+    )
+    assert sent_jobs(source) == [
+        (8, "_own_rank", "here"),
+        (9, "train_rank", "suites.lib.ranks.training"),
+        (11, "helper_rank", "elsewhere"),
+        (12, "_own_rank", "here"),
+        (13, "fn", None),
+        (15, "_own_rank", "here"),
+        (16, "train_rank", "suites.lib.ranks.training"),
+    ]

@@ -4,9 +4,10 @@
   scenarios and checkpoint plans, the fixed regression examples, dispatching a job to the
   ranks, the single-process reference and the comparisons with it, tolerances, the CUDA gate
   and the suites' list of clauses.
-- :mod:`suites.lib.ranks`: runs inside ``run_on_ranks`` jobs. Building strategies through the
-  plug-in contract, set-up and training, readers of gathered state and of the structure torch
-  built, the API probes, the checkpoint and CUDA jobs.
+- :mod:`suites.lib.ranks`: runs on the ranks. Every job the suites send there, one module per
+  area (a ``suites/test_*.py`` module sends jobs but defines none: ``tests/test_layout.py``),
+  and what the jobs call: building strategies through the plug-in contract, set-up and
+  training, readers of gathered state and of the structure torch built.
 - :mod:`suites.lib.shared`: what both sides use: the model zoo, the scenario and checkpoint
   plan dataclasses (data drawn in the controller, built into objects on the ranks), the
   tensor-parallel plans an ``MPConfig`` builds, and file digests.

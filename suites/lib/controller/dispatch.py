@@ -2,8 +2,8 @@
 
 :func:`run` calls ``harness.run_on_ranks`` and hands an ``Unsupported`` configuration to the
 harness session's refusal path inside a Hypothesis test (recorded, then rejected). The jobs
-themselves are module-level functions on the rank side (:mod:`suites.lib.ranks`) or in the
-test modules.
+themselves are module-level functions on the rank side, in :mod:`suites.lib.ranks` (never in a
+test module: see the rule in its docstring).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 The functions run on the ranks (``run_on_ranks``) and report devices and dtypes as strings,
 so the controller can compare them with the rank's CUDA device (``cuda:LOCAL_RANK``, or
-``cuda:<rank>`` in the harness's one-node pool).
+``cuda:<rank>`` in the harness's one-node pool). The sharded grad scaler's skipped step
+(PREC-2) is :func:`suites.lib.ranks.precision_jobs.skip_rank`, the job the CPU check runs too.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ import torch
 from torch import nn
 
 from suites.lib.ranks.construction import SPEC, build
-from suites.lib.ranks.readers import gathered_state
-from suites.lib.ranks.training import RankResult, end, micro_step, setup, train
+from suites.lib.ranks.readers import gathered_state, local
+from suites.lib.ranks.training import RankResult, end, setup, train
 from suites.lib.shared.models import Linear, build_model
 from suites.lib.shared.specs import MPConfig, Scenario
 
-__all__ = ["device_rank", "observed_train_rank", "offload_parallelize", "skip_rank"]
+__all__ = ["device_rank", "expected_index", "observed_train_rank", "offload_parallelize"]
 
 
 def offload_parallelize(
@@ -74,25 +75,19 @@ def _offload_options(scenario: Scenario, form: str) -> dict[str, Any]:
     return {"cpu_offload": True if form == "True" else CPUOffload(offload_params=True)}
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
 def _placement(model: nn.Module) -> dict[str, list[str]]:
     """Sorted devices and dtypes of this rank's (local) parameters."""
-    local = [_local(p) for p in model.parameters()]
+    shards = [local(p) for p in model.parameters()]
     return {
-        "devices": sorted({str(t.device) for t in local}),
-        "dtypes": sorted({str(t.dtype) for t in local}),
+        "devices": sorted({str(t.device) for t in shards}),
+        "dtypes": sorted({str(t.dtype) for t in shards}),
     }
 
 
 def _optim_devices(optimizer: torch.optim.Optimizer) -> list[str]:
     return sorted(
         {
-            str(_local(v).device)
+            str(local(v).device)
             for state in optimizer.state.values()
             for k, v in state.items()
             if k != "step" and isinstance(v, torch.Tensor) and v.is_floating_point()
@@ -100,7 +95,7 @@ def _optim_devices(optimizer: torch.optim.Optimizer) -> list[str]:
     )
 
 
-def _expected_index(ctx: Any) -> int:
+def expected_index(ctx: Any) -> int:
     """The rank's CUDA index: ``LOCAL_RANK`` under a launcher, else the rank (one node)."""
     return int(os.environ.get("LOCAL_RANK", ctx.rank))
 
@@ -126,37 +121,10 @@ def observed_train_rank(ctx: Any, scenario: Scenario, offload: str | None) -> Ra
     result.extra["after"] = _placement(t.model)
     result.extra["optim"] = _optim_devices(t.optimizer)
     result.extra["compute"] = compute
-    result.extra["cuda"] = f"cuda:{_expected_index(ctx)}"
+    result.extra["cuda"] = f"cuda:{expected_index(ctx)}"
     result.state = gathered_state(t.model)
     end(t.strategy)
     return result
-
-
-def skip_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
-    """One step with an inf in rank 0's gradient shard, then a finite one."""
-    t = setup(ctx, scenario)
-    dp_rank = t.strategy.distributed_sampler_kwargs["rank"]
-    initial = gathered_state(t.model)
-    micro_step(t, scenario, 0, 0, dp_rank)
-    grads = [_local(p.grad) for p in t.model.parameters() if p.grad is not None]
-    devices = sorted({str(g.device) for g in grads})
-    if ctx.rank == 0:
-        grad = next(g for g in grads if g.numel() > 0)
-        grad.view(-1)[0] = float("inf")
-    t.strategy.optimizer_step(t.optimizer)
-    t.optimizer.zero_grad()
-    skipped = gathered_state(t.model)
-    micro_step(t, scenario, 1, 0, dp_rank)
-    t.strategy.optimizer_step(t.optimizer)
-    out = {
-        "initial": initial,
-        "skipped": skipped,
-        "stepped": gathered_state(t.model),
-        "grad_devices": devices,
-        "cuda": f"cuda:{_expected_index(ctx)}",
-    }
-    end(t.strategy)
-    return out
 
 
 def device_rank(ctx: Any, family: str) -> dict[str, Any]:
@@ -167,7 +135,7 @@ def device_rank(ctx: Any, family: str) -> dict[str, Any]:
     model = strategy.setup_module(build_model(SPEC))
     reduced = strategy.all_reduce(torch.ones(2, device=ctx.device), reduce_op="sum")
     out = {
-        "expected": f"cuda:{_expected_index(ctx)}",
+        "expected": f"cuda:{expected_index(ctx)}",
         "spec_device": str(ctx.device),
         "backend": dist.get_backend(),
         "root_device": str(strategy.root_device),

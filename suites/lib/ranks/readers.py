@@ -4,7 +4,8 @@ The full model state, gradients and optimizer state are read with torch's own AP
 (``get_model_state_dict``, ``summon_full_params``, ``full_tensor``,
 ``get_optimizer_state_dict``), never with the strategy's save/load, and cloned to CPU so that
 they travel back to the controller by pickle and compare there with the single-process
-reference (:mod:`suites.lib.controller.oracles`).
+reference (:mod:`suites.lib.controller.oracles`). :func:`local` is the one local reader: this
+rank's own shard of a (DTensor) tensor.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from torch import Tensor, nn
 
 from suites.lib.shared.models import clean_name
 
-__all__ = ["gathered_grads", "gathered_optim_state", "gathered_state"]
+__all__ = ["gathered_grads", "gathered_optim_state", "gathered_state", "local"]
 
 
 def gathered_state(model: nn.Module) -> dict[str, Tensor]:
@@ -67,6 +68,13 @@ def gathered_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
         model, optimizer, options=StateDictOptions(full_state_dict=True)
     )
     return cast(dict, _tree_to_cpu(state))
+
+
+def local(t: Tensor) -> Tensor:
+    """This rank's part of ``t``: a DTensor's local shard, any other tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def _to_cpu(t: Tensor) -> Tensor:

@@ -5,6 +5,8 @@ These look at torch's FSDP1 ``FlatParameter`` bookkeeping (``_numels``,
 ``_unpadded_unsharded_size``) and FSDP2 parameter groups (``reduce_grads``): the fsdp family
 is defined as built on ``FullyShardedDataParallel`` and the model_parallel family on
 ``fully_shard`` (CONTRACT.md, SHARD-1), so these are the facts the clauses talk about.
+:func:`sync_flags_after_a_raise` is the one probe that calls the strategy: it reads the
+switches after a body under ``no_backward_sync`` raised (SYNC-1, MP-4).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 from torch import nn
 
-from harness import torch_compat
+from harness import Strategy, torch_compat
 from suites.lib.shared.models import clean_name
 
 __all__ = [
@@ -24,6 +26,7 @@ __all__ = [
     "fsdp2_units",
     "nested_checkpoint_wrappers",
     "sync_flags",
+    "sync_flags_after_a_raise",
 ]
 
 
@@ -101,3 +104,14 @@ def sync_flags(model: nn.Module) -> dict[str, Any]:
                 for g in torch_compat.fsdp2_param_groups(module)
             )
     return flags
+
+
+def sync_flags_after_a_raise(strategy: Strategy, model: nn.Module) -> dict[str, Any]:
+    """:func:`sync_flags` after a body under ``no_backward_sync(model, enabled=True)`` raised
+    (the context manager must restore the switches on the way out)."""
+    try:
+        with strategy.no_backward_sync(model, enabled=True):
+            raise KeyError("the body raised")
+    except KeyError:
+        pass
+    return sync_flags(model)

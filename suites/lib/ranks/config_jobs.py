@@ -1,0 +1,370 @@
+"""Rank side of the construction and validation checks (``test_config.py``: CFG-1..CFG-6,
+the fsdp family's options; ``test_config_general.py``: CFG-7..CFG-10, both families).
+
+Each job builds strategies through the plug-in contract with the helpers of
+:mod:`suites.lib.ranks.construction` and records, per value tried, what torch built or which
+error the strategy raised; the controller checks every rank's record.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from typing import Any
+
+import pytest
+import torch
+
+from harness import Unsupported, torch_compat
+from suites.lib.ranks.construction import (
+    SPEC,
+    all_of,
+    build,
+    expect_error,
+    fsdp_units,
+    named,
+    number,
+    outcome,
+    supported_families,
+    unit_groups,
+)
+from suites.lib.ranks.readers import gathered_state
+from suites.lib.ranks.training import RankResult, Trained, train
+from suites.lib.shared.models import Block, build_model
+from suites.lib.shared.specs import Scenario
+
+__all__ = [
+    "PRECISIONS",
+    "PUBLIC_SHARDING",
+    "device_mesh_rank",
+    "foreign_options",
+    "honour_rank",
+    "hybrid_rank",
+    "mp_sizes_rank",
+    "offload_rank",
+    "orig_params_rank",
+    "parallelize_fn_rank",
+    "policy_rank",
+    "precision_rank",
+    "sharding_rank",
+]
+
+
+# --- CFG-1..CFG-6 (test_config.py) ------------------------------------------------------
+
+PUBLIC_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
+
+
+def sharding_rank(ctx: Any, names: list[Any], bad: list[Any]) -> list[tuple[str, str, list[str]]]:
+    from torch.distributed.fsdp import ShardingStrategy
+
+    supported_families(ctx, ("fsdp",))
+    honoured = []
+    for name in [*names, *ShardingStrategy]:
+        wanted = name.name if isinstance(name, ShardingStrategy) else name.upper()
+        mesh = (1, ctx.world_size) if "HYBRID" in wanted else None
+        try:
+            strategy = build(ctx, "fsdp", sharding_strategy=name, device_mesh=mesh)
+        except Unsupported:  # accepted, but not runnable by this strategy (e.g. hybrid)
+            honoured.append((repr(name), wanted, [wanted]))
+            continue
+        model = strategy.setup_module(build_model(SPEC))
+        units = sorted({u.sharding_strategy.name for u in fsdp_units(model)})
+        honoured.append((repr(name), wanted, units))
+    for value in bad:
+        expect_error(
+            ValueError,
+            all_of(named(value), *PUBLIC_SHARDING),
+            f"sharding_strategy={value!r}",
+            lambda value=value: build(ctx, "fsdp", sharding_strategy=value),
+        )
+    return honoured
+
+
+def hybrid_rank(ctx: Any) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    supported_families(ctx, ("fsdp",))
+
+    def setup(**options: Any) -> None:
+        build(ctx, "fsdp", **options).setup_module(build_model(SPEC))
+
+    out = {}
+    for name in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
+        both = {"device_mesh": (1, ctx.world_size), "extra": {"process_group": dist.group.WORLD}}
+        expect_error(
+            RuntimeError,
+            all_of("hybrid", ignore_case=True),
+            f"{name} without auto_wrap_policy, process_group or device_mesh",
+            lambda name=name: setup(sharding_strategy=name),
+            allow_unsupported=True,
+        )
+        expect_error(
+            ValueError,
+            all_of("process_group", "device_mesh"),
+            f"{name} with both process_group and device_mesh",
+            lambda name=name, both=both: setup(sharding_strategy=name, **both),
+            allow_unsupported=True,
+        )
+        strategy = build(ctx, "fsdp", sharding_strategy=name, auto_wrap_policy={Block})
+        model = strategy.setup_module(build_model(SPEC))
+        out[name] = sorted({u.sharding_strategy.name for u in fsdp_units(model)})
+    return out
+
+
+def device_mesh_rank(
+    ctx: Any, name: str, shapes: list[tuple[int, int]], as_object: bool
+) -> list[tuple[Any, ...]]:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    supported_families(ctx, ("fsdp",))
+    out: list[tuple[Any, ...]] = []
+    world = ctx.world_size
+    for replicate, shard in shapes:
+        if replicate * shard != world:
+            shape = (replicate, shard)
+            message = expect_error(
+                ValueError,
+                all_of(number(replicate), number(shard), number(world)),
+                f"device_mesh={shape} at world size {world}",
+                lambda shape=shape: build(ctx, "fsdp", sharding_strategy=name, device_mesh=shape),
+                allow_unsupported=True,
+            )
+            out.append(("refused", message, ctx.device.type))
+            continue
+        mesh: Any = (replicate, shard)
+        if as_object:
+            mesh = init_device_mesh(ctx.device.type, mesh, mesh_dim_names=("replicate", "shard"))
+        strategy = build(ctx, "fsdp", sharding_strategy=name, device_mesh=mesh)
+        model = strategy.setup_module(build_model(SPEC))
+        out.append(("built", sorted({unit_groups(u) for u in fsdp_units(model)}), ctx.device.type))
+    return out
+
+
+def _policies() -> dict[str, Any]:
+    """Every accepted form of a policy that selects the zoo's Blocks, by name."""
+    from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy
+
+    from suites.lib.shared.specs import select_by_class
+
+    return {
+        "set": {Block},
+        "ModuleWrapPolicy": ModuleWrapPolicy({Block}),
+        "CustomPolicy": CustomPolicy(lambda module: isinstance(module, Block)),
+        "callable": lambda module, recurse, nonwrapped_numel: select_by_class(
+            module, recurse, nonwrapped_numel, classes=("Block",)
+        ),
+    }
+
+
+def policy_rank(ctx: Any) -> dict[str, Any]:
+    from suites.lib.ranks.structure import checkpoint_wrapped, fsdp1_units
+
+    out: dict[str, Any] = {}
+    for form, policy in _policies().items():
+        model = build(ctx, "fsdp", auto_wrap_policy=policy).setup_module(build_model(SPEC))
+        out[f"wrap {form}"] = sorted(fsdp1_units(model))
+        strategy = build(ctx, "fsdp", activation_checkpointing_policy=policy)
+        out[f"checkpoint {form}"] = checkpoint_wrapped(strategy.setup_module(build_model(SPEC)))
+    for form, legacy in (("class", Block), ("list", [Block])):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            strategy = build(ctx, "fsdp", extra={"activation_checkpointing": legacy})
+        deprecations = [
+            str(w.message)
+            for w in caught
+            if issubclass(w.category, (DeprecationWarning, FutureWarning))
+            or "deprecat" in str(w.message).lower()
+        ]
+        assert deprecations, f"activation_checkpointing={legacy} gave no deprecation warning"
+        model = strategy.setup_module(build_model(SPEC))
+        out[f"legacy {form}"] = checkpoint_wrapped(model)
+    legacy_too = {"activation_checkpointing": Block}
+    with pytest.raises(ValueError, match="activation_checkpointing"):
+        build(ctx, "fsdp", activation_checkpointing_policy={Block}, extra=legacy_too)
+    return out
+
+
+def orig_params_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    model = build(ctx, "fsdp").setup_module(build_model(SPEC))
+    out["default"] = sorted({bool(u._use_orig_params) for u in fsdp_units(model)})
+    out["names"] = sorted(n for n, _ in model.named_parameters() if "flat_param" in n)
+    flat = {"use_orig_params": False}
+    strategy = build(ctx, "fsdp", extra=flat)
+    plain = build_model(SPEC)
+    early = torch.optim.SGD(plain.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="use_orig_params"):
+        strategy.setup_module_and_optimizers(plain, [early])
+    strategy = build(ctx, "fsdp", extra=flat)
+    plain = build_model(SPEC)
+    early = torch.optim.SGD(plain.parameters(), lr=0.1)
+    module = strategy.setup_module(plain)
+    with pytest.raises(ValueError, match=all_of("setup_module", "creat", ignore_case=True)):
+        strategy.setup_optimizer(early)
+    optimizer = strategy.setup_optimizer(scenario.optim.build(module.named_parameters()))
+    result = RankResult(ctx.rank, ctx.rank)
+    train(Trained(strategy, module, optimizer), scenario, result)
+    result.state = gathered_state(module)
+    out["result"] = result
+    return out
+
+
+def offload_rank(ctx: Any) -> dict[str, Any]:
+    from torch.distributed.fsdp import CPUOffload
+
+    supported_families(ctx, ("fsdp",))
+    out = {}
+    for label, value in (
+        ("False", False),
+        ("True", True),
+        ("CPUOffload(False)", CPUOffload(offload_params=False)),
+        ("CPUOffload(True)", CPUOffload(offload_params=True)),
+    ):
+
+        def attempt(value: Any = value) -> None:
+            strategy = build(ctx, "fsdp", cpu_offload=value)
+            model = strategy.setup_module(build_model(SPEC))
+            loss = model(torch.randn(2, SPEC.in_features, device=ctx.device)).sum()
+            strategy.backward(loss, model)
+
+        out[label] = outcome(attempt)
+    return out
+
+
+# --- CFG-7..CFG-10 (test_config_general.py) --------------------------------------------
+
+PRECISIONS = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")
+
+
+def precision_rank(ctx: Any, bad: list[Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for family in supported_families(ctx):
+        for precision in PRECISIONS:
+            try:
+                plugin = build(ctx, family, precision=precision).precision
+            except Unsupported:  # accepted, but not runnable by this strategy here
+                continue
+            out[f"{family} {precision}"] = [
+                callable(getattr(plugin, m, None)) for m in ("forward_context", "convert_input")
+            ]
+        for value in bad:
+            expect_error(
+                (TypeError, ValueError),
+                named(value),
+                f"{family} precision={value!r}",
+                lambda family=family, value=value: build(ctx, family, precision=value),
+            )
+    return out
+
+
+def mp_sizes_rank(ctx: Any, sizes: list[tuple[int, int]]) -> list[Any]:
+    world = ctx.world_size
+    out: list[Any] = []
+    for dp, tp in [("auto", "auto"), *sizes]:
+        options = {"data_parallel_size": dp, "tensor_parallel_size": tp}
+        if dp == "auto" or dp * tp == world:
+            mesh = build(ctx, "model_parallel", **options).device_mesh
+            out.append((tuple(mesh.shape), tuple(mesh.mesh_dim_names or ()), mesh.device_type))
+            continue
+        expect_error(
+            RuntimeError,
+            all_of(number(dp), number(tp), number(world)),
+            f"data_parallel_size={dp}, tensor_parallel_size={tp} at world size {world}",
+            lambda options=options: build(ctx, "model_parallel", **options),
+        )
+        out.append("refused")
+    return out
+
+
+def _returns(value: Any) -> Any:
+    return lambda module, device_mesh: value
+
+
+def parallelize_fn_rank(ctx: Any) -> list[str]:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    messages = []
+    for value in (None, (torch.nn.Linear(2, 2),), torch.zeros(2), "module"):
+        strategy = build(ctx, "model_parallel", parallelize_fn=_returns(value))
+        kind = type(value).__name__
+        messages.append(
+            expect_error(
+                TypeError,
+                all_of("parallelize_fn", re.escape(kind)),
+                f"a parallelize_fn that returns a {kind}",
+                lambda strategy=strategy: strategy.setup_module(build_model(SPEC)),
+            )
+        )
+    model = build_model(SPEC, ctx.device)
+    model.blocks[0] = FSDP(model.blocks[0], device_id=ctx.device)
+    strategy = build(ctx, "model_parallel")
+    with pytest.raises(TypeError, match=r"FullyShardedDataParallel|FSDP") as info:
+        strategy.setup_module(model)
+    messages.append(str(info.value))
+    return messages
+
+
+def foreign_options(world: int) -> dict[str, dict[str, Any]]:
+    """Options of the other family, each set to a non-default value valid at ``world`` ranks
+    (a mesh of the world): a strategy may not ignore them.
+
+    Args:
+        world: the job's world size.
+    """
+    return {
+        "fsdp": {
+            "data_parallel_size": world,
+            "tensor_parallel_size": 1,
+            "save_distributed_checkpoint": False,
+        },
+        "model_parallel": {
+            "sharding_strategy": "NO_SHARD",
+            "auto_wrap_policy": {Block},
+            "activation_checkpointing_policy": {Block},
+            "state_dict_type": "full",
+            "device_mesh": (1, world),
+        },
+    }
+
+
+UNKNOWN = "definitely_not_an_option"
+
+
+def honour_rank(ctx: Any) -> dict[str, tuple[str, str]]:
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    def attempt(family: str, **options: Any) -> Any:
+        return lambda: build(ctx, family, **options).setup_module(build_model(SPEC))
+
+    out = {}
+    families = supported_families(ctx)
+    for family in families:
+        out[f"{family} {UNKNOWN}"] = outcome(attempt(family, extra={UNKNOWN: 1}))
+        for option, value in foreign_options(ctx.world_size)[family].items():
+            out[f"{family} {option}"] = outcome(attempt(family, **{option: value}))
+    if "fsdp" in families:
+        out["fsdp state_dict_type"] = outcome(attempt("fsdp", state_dict_type="nonsense"))
+    if "model_parallel" not in families:
+        return out
+    out["model_parallel data_parallel_size"] = outcome(
+        attempt("model_parallel", data_parallel_size=0)
+    )
+
+    def no_policy(module: torch.nn.Module, device_mesh: Any) -> torch.nn.Module:
+        return fully_shard(module, mesh=device_mesh["data_parallel"])  # no mp_policy
+
+    def mixed() -> str:
+        strategy = build(ctx, "model_parallel", precision="bf16-mixed", parallelize_fn=no_policy)
+        model = strategy.setup_module(build_model(SPEC))
+        dtypes = {
+            torch_compat.fsdp2_mp_policy(m).param_dtype
+            for m in model.modules()
+            if isinstance(m, FSDPModule)
+        }
+        if dtypes != {torch.bfloat16}:
+            raise AssertionError(f"precision ignored: FSDP2 param_dtype {dtypes}")
+        return "honoured"
+
+    out["model_parallel precision"] = outcome(mixed)
+    return out

@@ -1,0 +1,106 @@
+"""Rank side of the precision checks (``test_precision.py``, ``test_precision_model_parallel.py``,
+and the grad scaler's skip in ``test_cuda.py``): the dtypes a step leaves, the sharded grad
+scaler's skipped step, the buffers' compute and saved dtypes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from harness import RankContext
+from suites.lib.ranks.cuda_jobs import expected_index
+from suites.lib.ranks.readers import gathered_state, local
+from suites.lib.ranks.training import (
+    Trained,
+    compute_dtypes,
+    end,
+    micro_step,
+    optimizer_state_dtypes,
+    setup,
+)
+from suites.lib.shared.models import Scale, build_model, clean_name
+from suites.lib.shared.specs import Scenario
+
+__all__ = ["buffer_rank", "dtype_rank", "skip_rank", "true_low_dtype_rank"]
+
+
+def dtype_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
+    t = setup(ctx, scenario)
+    out: dict[str, Any] = {"compute": compute_dtypes(t, scenario)}
+    out["grads"] = sorted({str(p.grad.dtype) for p in t.model.parameters() if p.grad is not None})
+    t.strategy.optimizer_step(t.optimizer)
+    out["params"] = sorted({str(p.dtype) for p in t.model.parameters()})
+    out["optim"] = optimizer_state_dtypes(t.optimizer)
+    reduce = set()
+    for module in t.model.modules():
+        policy = getattr(module, "mixed_precision", None)  # FSDP1 units
+        if policy is not None and hasattr(policy, "reduce_dtype"):
+            reduce.add(str(policy.reduce_dtype))
+    out["reduce"] = sorted(reduce)
+    end(t.strategy)
+    return out
+
+
+def skip_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
+    """One step with an inf in rank 0's gradient shard, then a finite one."""
+    t = setup(ctx, scenario)
+    dp_rank = t.strategy.distributed_sampler_kwargs["rank"]
+    initial = gathered_state(t.model)
+    micro_step(t, scenario, 0, 0, dp_rank)
+    grads = [local(p.grad) for p in t.model.parameters() if p.grad is not None]
+    devices = sorted({str(g.device) for g in grads})
+    if ctx.rank == 0:  # one rank sees an overflow in its own gradient shard
+        grad = next(g for g in grads if g.numel() > 0)
+        grad.view(-1)[0] = float("inf")
+    t.strategy.optimizer_step(t.optimizer)
+    t.optimizer.zero_grad()
+    skipped = gathered_state(t.model)
+    micro_step(t, scenario, 1, 0, dp_rank)
+    t.strategy.optimizer_step(t.optimizer)
+    out = {
+        "initial": initial,
+        "skipped": skipped,
+        "stepped": gathered_state(t.model),
+        "grad_devices": devices,
+        "cuda": f"cuda:{expected_index(ctx)}",
+    }
+    end(t.strategy)
+    return out
+
+
+def buffer_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
+    t = setup(ctx, scenario)
+    micro_step(t, scenario, 0, 0, t.strategy.distributed_sampler_kwargs["rank"])
+    seen = {clean_name(n): m.seen_dtype for n, m in t.model.named_modules() if isinstance(m, Scale)}
+    state = gathered_state(t.model)
+    end(t.strategy)
+    buffer = state.get("scale.scale")
+    return {
+        "seen": seen.get("scale"),
+        "saved": None if buffer is None else (str(buffer.dtype), tuple(buffer.shape)),
+        "value": buffer,
+        "offset_saved": "scale.offset" in state,
+    }
+
+
+def true_low_dtype_rank(ctx: RankContext, scenario: Scenario) -> dict[str, Any]:
+    """One step; the dtypes of parameters at creation, after set-up, in compute, of the
+    gradients and of the optimizer state."""
+    strategy = ctx.make_strategy(scenario.family, **scenario.options())
+    strategy.setup_environment()
+    with strategy.module_init_context(empty_init=scenario.empty_init):
+        model: torch.nn.Module = build_model(scenario.model)
+    out: dict[str, Any] = {"created": sorted({str(p.dtype) for p in model.parameters()})}
+    model = strategy.setup_module(model)
+    optimizer = strategy.setup_optimizer(scenario.optim.build(model.named_parameters()))
+    t = Trained(strategy, model, optimizer)
+    out["setup"] = sorted({str(p.dtype) for p in t.model.parameters()})
+    out["compute"] = compute_dtypes(t, scenario)
+    out["grads"] = sorted({str(p.grad.dtype) for p in t.model.parameters() if p.grad is not None})
+    t.strategy.optimizer_step(t.optimizer)
+    out["optim"] = optimizer_state_dtypes(t.optimizer)
+    out["stepped"] = sorted({str(p.dtype) for p in t.model.parameters()})
+    end(t.strategy)
+    return out

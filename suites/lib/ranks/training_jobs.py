@@ -1,0 +1,158 @@
+"""Rank side of the training checks (``test_training.py``): frozen and tied parameters
+(TRAIN-2), ``no_backward_sync`` (SYNC-1), refusing a module that is no sharded root (SYNC-1,
+CLIP-1), a non-finite norm (CLIP-1) and meta-device init (INIT-1). The plain training job,
+:func:`suites.lib.ranks.training.train_rank`, serves the parity checks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from harness import RankContext
+from suites.lib.ranks.readers import gathered_state
+from suites.lib.ranks.structure import sync_flags, sync_flags_after_a_raise
+from suites.lib.ranks.training import RankResult, end, micro_step, setup
+from suites.lib.shared.models import build_model, clean_name
+from suites.lib.shared.parallelize import parallelize_zoo
+from suites.lib.shared.specs import FSDPConfig, Scenario
+
+__all__ = ["frozen_tied_rank", "init_rank", "no_sync_rank", "nonfinite_rank", "type_error_rank"]
+
+
+def frozen_tied_rank(ctx: Any, scenario: Scenario) -> RankResult:
+    t = setup(ctx, scenario)
+    result = RankResult(ctx.rank, t.strategy.distributed_sampler_kwargs["rank"])
+    frozen = set(scenario.model.frozen)
+    for step in range(scenario.plan.steps):
+        result.losses.append([micro_step(t, scenario, step, 0, result.dp_rank)])
+        graded = [
+            clean_name(n)
+            for n, p in t.model.named_parameters()
+            if clean_name(n) in frozen and p.grad is not None
+        ]
+        result.extra.setdefault("frozen_with_grad", []).extend(graded)
+        t.strategy.optimizer_step(t.optimizer)
+        t.optimizer.zero_grad()
+    by_id: dict[int, list[str]] = {}
+    for name, param in t.model.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(param), []).append(clean_name(name))
+    result.extra["shared"] = sorted(sorted(names) for names in by_id.values() if len(names) > 1)
+    result.state = gathered_state(t.model)
+    end(t.strategy)
+    return result
+
+
+def no_sync_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
+    t = setup(ctx, scenario)
+    out: dict[str, Any] = {"before": sync_flags(t.model)}
+    with t.strategy.no_backward_sync(t.model, enabled=False):
+        out["disabled"] = sync_flags(t.model)
+    out["after_raise"] = sync_flags_after_a_raise(t.strategy, t.model)
+    assert out["after_raise"] == out["before"], (  # fail here: training on would only crash
+        f"rank {ctx.rank}: after a body that raised, gradient sync is {out['after_raise']}; "
+        f"before entering no_backward_sync it was {out['before']}"
+    )
+    result = RankResult(ctx.rank, t.strategy.distributed_sampler_kwargs["rank"])
+    with t.strategy.no_backward_sync(t.model, enabled=True):
+        out["inside"] = sync_flags(t.model)
+        loss0 = micro_step(t, scenario, 0, 0, result.dp_rank)
+        out["local_grads"] = {
+            clean_name(n): p.grad.detach().clone()
+            for n, p in t.model.named_parameters()
+            if p.grad is not None
+        }
+    out["after"] = sync_flags(t.model)
+    assert out["after"] == out["before"], (
+        f"rank {ctx.rank}: after no_backward_sync exited, gradient sync is {out['after']}; "
+        f"before entering it was {out['before']}"
+    )
+    loss1 = micro_step(t, scenario, 0, 1, result.dp_rank)
+    result.losses.append([loss0, loss1])
+    t.strategy.optimizer_step(t.optimizer)
+    result.state = gathered_state(t.model)
+    out["result"] = result
+    end(t.strategy)
+    return out
+
+
+def type_error_rank(ctx: RankContext, family: str, which: str) -> str:
+    options: dict[str, Any] = {}
+    if family == "model_parallel":
+        options["parallelize_fn"] = parallelize_zoo
+    strategy = ctx.make_strategy(family, **options)
+    strategy.setup_environment()
+    plain = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(plain.parameters(), lr=0.1)
+    with strategy.no_backward_sync(plain, enabled=False):
+        pass  # a no-op, whatever the module
+    try:
+        if which == "no_backward_sync":
+            with strategy.no_backward_sync(plain, enabled=True):
+                pass
+        else:
+            strategy.clip_gradients_norm(plain, optimizer, max_norm=1.0)
+    except TypeError as exc:
+        return f"TypeError: {exc}"
+    finally:
+        end(strategy)
+    return "no error"
+
+
+def nonfinite_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
+    from torch.distributed.tensor import DTensor
+
+    t = setup(ctx, scenario)
+    micro_step(t, scenario, 0, 0, t.strategy.distributed_sampler_kwargs["rank"])
+    grads = [p.grad for p in t.model.parameters() if p.grad is not None]
+    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+    poisoned = next((g for g in local if g.numel() > 0), None)
+    # replicated gradients (NO_SHARD, the replicas of HYBRID) are poisoned on every rank, as
+    # real replicas would be; sharded ones only on the first rank that holds any gradient,
+    # so that the other ranks must learn of it from the collective norm
+    replicated = isinstance(scenario.strategy, FSDPConfig) and (
+        scenario.strategy.sharding_strategy == "NO_SHARD"
+        or "HYBRID" in scenario.strategy.sharding_strategy
+    )
+    holders = [torch.zeros(1, dtype=torch.long, device=ctx.device) for _ in range(ctx.world_size)]
+    dist.all_gather(holders, torch.tensor([int(poisoned is not None)], device=ctx.device))
+    first = min(i for i, h in enumerate(holders) if int(h))
+    if poisoned is not None and (replicated or ctx.rank == first):
+        poisoned.view(-1)[0] = float("inf")
+    before = [g.clone() for g in local]
+    out: dict[str, Any] = {}
+    try:
+        t.strategy.clip_gradients_norm(t.model, t.optimizer, max_norm=1e-3)
+        out["raised"] = "nothing"
+    except RuntimeError as exc:
+        out["raised"] = f"RuntimeError: {exc}"
+    out["unchanged"] = all(torch.equal(a, b) for a, b in zip(before, local, strict=True))
+    norm = t.strategy.clip_gradients_norm(
+        t.model, t.optimizer, max_norm=1e-3, error_if_nonfinite=False
+    )
+    out["norm"] = float(norm)
+    end(t.strategy)
+    return out
+
+
+def init_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
+    t = setup(ctx, scenario)
+    plain = build_model(scenario.model, "meta")
+    volatile = set(dict(plain.named_buffers())) - set(plain.state_dict())
+    buffers = {
+        clean_name(n): b.detach().to("cpu", copy=True)
+        for n, b in t.model.named_buffers()
+        if clean_name(n) in volatile
+    }
+    shared = []
+    if scenario.model.tied:
+        ids: dict[int, list[str]] = {}
+        for name, param in t.model.named_parameters(remove_duplicate=False):
+            ids.setdefault(id(param), []).append(clean_name(name))
+        shared = sorted(sorted(v) for v in ids.values() if len(v) > 1)
+    out = {"state": gathered_state(t.model), "non_persistent": buffers, "shared": shared}
+    end(t.strategy)
+    return out

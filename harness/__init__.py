@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from harness.lazy import lazy_exports
+from harness.entry.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from harness.api import max_world_size, run_on_ranks, world_sizes
-    from harness.attribution import clause
-    from harness.context import RankContext
     from harness.contract import MeshStrategy, Strategy, StrategySpec, Unsupported
-    from harness.outcomes import Outcome, RankFailure
+    from harness.rank.context import RankContext
+    from harness.verdicts.attribution import clause
+    from harness.verdicts.outcomes import Outcome, RankFailure
 
 __all__ = [
     "MeshStrategy",
@@ -31,13 +31,13 @@ __all__ = [
 #: plugins do, in every pytest run of the environment) does not import torch
 _HOMES = {
     "MeshStrategy": "harness.contract",
-    "Outcome": "harness.outcomes",
-    "RankContext": "harness.context",
-    "RankFailure": "harness.outcomes",
+    "Outcome": "harness.verdicts.outcomes",
+    "RankContext": "harness.rank.context",
+    "RankFailure": "harness.verdicts.outcomes",
     "Strategy": "harness.contract",
     "StrategySpec": "harness.contract",
     "Unsupported": "harness.contract",
-    "clause": "harness.attribution",
+    "clause": "harness.verdicts.attribution",
     "max_world_size": "harness.api",
     "run_on_ranks": "harness.api",
     "world_sizes": "harness.api",

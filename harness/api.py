@@ -1,6 +1,6 @@
 """``run_on_ranks`` and the functions scripts and tests call on the session in force.
 
-Each one acts on :func:`harness.session.current`: the pytest plugin's session inside a test
+Each one acts on :func:`harness.run.session.current`: the pytest plugin's session inside a test
 run (configured from the command line), or a session with the default settings
 (:class:`harness.config.HarnessConfig`) for scripts such as the benchmark. Pools start on
 first use and live until :func:`shutdown` (session end, or interpreter exit).
@@ -12,11 +12,11 @@ import atexit
 from collections.abc import Callable
 from typing import Any
 
-from harness import jobs
 from harness.config import BACKENDS, HarnessConfig, default_nproc, resolve_backend
 from harness.config import gpu_count as _gpu_count  # noqa: F401  (the tests ask api)
-from harness.pool import RankPool
-from harness.session import OutputSink, current, shutdown_all
+from harness.pool.rankpool import RankPool
+from harness.run import jobs
+from harness.run.session import OutputSink, current, shutdown_all
 
 __all__ = [
     "BACKENDS",
@@ -94,14 +94,14 @@ def run_on_ranks(
         *args: picklable arguments, the same for every rank.
         world_size: number of ranks (at most ``--nproc``).
         timeout: the job deadline in seconds; ``None`` means one learned from this check's
-            passing jobs (:mod:`harness.deadlines`), at most ``--rank-timeout``.
+            passing jobs (:mod:`harness.run.deadlines`), at most ``--rank-timeout``.
 
     Raises:
         RankFailure: a rank raised, crashed or hung; the message tells every rank's story.
             A job that hung or broke a collective is replayed once with collective
             checking (as are the check's later jobs): ranks in mismatched collectives raise
-            :class:`~harness.verdicts.CollectiveDesync`, ranks left waiting in one
-            :class:`~harness.verdicts.CollectiveHang`.
+            :class:`~harness.verdicts.failures.CollectiveDesync`, ranks left waiting in one
+            :class:`~harness.verdicts.failures.CollectiveHang`.
         Unsupported: every rank raised ``Unsupported`` (the strategy refused the config).
         TypeError, ValueError: bad arguments (named in the message).
 

@@ -30,12 +30,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness import api
+import harness.api as api
 from harness.api import pool_for, run_on_ranks
-from harness.attach.session import info_from_env
-from harness.context import RankContext
-from harness.transports.pipes import forkserver_context
-from harness.warmup import tiny_fsdp2_step
+from harness.pool.transports.pipes import forkserver_context
+from harness.rank.context import RankContext
+from harness.rank.warmup import tiny_fsdp2_step
+from harness.wire.attach import info_from_env
 
 __all__ = ["main", "tiny_fsdp2_step"]
 

@@ -1,6 +1,6 @@
 """The session's settings: :class:`HarnessConfig`, checked as a whole, and what they allow.
 
-:class:`harness.session.HarnessSession` holds the settings in force
+:class:`harness.run.session.HarnessSession` holds the settings in force
 (:func:`harness.api.configure`); here they are plain values: their defaults (``--nproc`` =
 GPUs if at least 2, else 4), their checks, the backend ``auto`` resolves to, and the world
 sizes a session can run.
@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from harness.attach.session import AttachInfo
 from harness.contract import DEFAULT_FACTORY
-from harness.defaults import BACKENDS
+from harness.entry.defaults import BACKENDS
+from harness.wire.attach import AttachInfo
 
 __all__ = [
     "BACKENDS",
@@ -51,7 +51,7 @@ def resolve_backend(backend: str, world_size: int) -> str:
 
     Decided per world size: on a machine with fewer GPUs than ``--nproc`` the world sizes
     the GPUs cover run on NCCL and the larger ones on gloo, whose ranks see no GPU (see
-    [Note: a rank owns its device] in :mod:`harness.runner`).
+    [Note: a rank owns its device] in :mod:`harness.rank.runner`).
 
     Args:
         backend: ``auto``, ``gloo`` or ``nccl``.
@@ -110,13 +110,13 @@ class HarnessConfig:
         threads: torch intra-op threads per rank.
         failure_grace: seconds the other ranks get to finish after one rank failed.
         transport: how the pools reach their ranks, a name registered in
-            :data:`harness.transports.TRANSPORTS` (``local``: ranks forked here;
+            :data:`harness.pool.transports.TRANSPORTS` (``local``: ranks forked here;
             ``torchrun``: attach mode, with ``attach`` set).
         attach: the torchrun run this controller drives (attach mode), else ``None``.
         shared_dir: where job directories go (``--shared-dir``; required on several nodes).
         check_collectives: check every job's collectives across ranks
             (``--check-collectives``); otherwise only a failed job's replay and the rest of
-            its check are checked (:mod:`harness.collectives`).
+            its check are checked (:mod:`harness.verdicts.collectives`).
     """
 
     nproc: int = field(default_factory=default_nproc)

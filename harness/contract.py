@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from harness.defaults import DEFAULT_FACTORY
+from harness.entry.defaults import DEFAULT_FACTORY
 from harness.refusals import Refusal
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ warnings are counted once per distinct warning and shown in one summary at the e
 Pools stop at the end of the session (also after Ctrl-C and ``-x``).
 
 In a run that does not use the harness this module costs (nearly) nothing: it imports no
-torch and starts no session; see [Note: the plugins' cost] in :mod:`harness.inplay` for the
+torch and starts no session; see [Note: the plugins' cost] in :mod:`harness.entry.inplay` for the
 rule, and :func:`start` for what a run that does use it gets.
 """
 
@@ -25,8 +25,9 @@ from typing import Any
 
 import pytest
 
-from harness import inplay, resources, sigterm
-from harness.defaults import BACKENDS, DEFAULT_FACTORY, STRATEGY_ENV
+from harness.entry import inplay, sigterm
+from harness.entry.defaults import BACKENDS, DEFAULT_FACTORY, STRATEGY_ENV
+from harness.pool import resources
 
 __all__ = ["register_hypothesis_profiles", "start"]
 
@@ -184,15 +185,15 @@ def pytest_configure(config: pytest.Config) -> None:
 def start(config: pytest.Config, pytest_session: pytest.Session | None = None) -> None:
     """Check the options, make the harness session and register its plugin; warm it up.
 
-    Called once per run by :func:`harness.inplay.activate`: from ``pytest_configure``, or
+    Called once per run by :func:`harness.entry.inplay.activate`: from ``pytest_configure``, or
     during collection (``pytest_session`` then is the running session).
     """
-    from harness import torch_compat
-    from harness.attach.session import AttachError, info_from_env
+    import harness.torch_compat as torch_compat
     from harness.config import HarnessConfig, default_nproc, resolve_backend, strategy_factory
     from harness.contract import StrategyFactoryError, load_factory, parse_strategy_options
-    from harness.session import SESSION_PLUGIN, HarnessSession
-    from harness.sessionplugin import SessionPlugin
+    from harness.run.session import SESSION_PLUGIN, HarnessSession
+    from harness.run.sessionplugin import SessionPlugin
+    from harness.wire.attach import AttachError, info_from_env
 
     strategy = strategy_factory(config.getoption("strategy"))
     try:
@@ -244,7 +245,7 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     if not inplay.is_active(config):
         return None
     from harness.config import describe_backends
-    from harness.session import session_of
+    from harness.run.session import session_of
 
     cfg = session_of(config).config
     backends = ""
@@ -297,7 +298,7 @@ def marker_sizes(marker: pytest.Mark) -> list[int]:
 
 
 def _too_big(config: pytest.Config, size: int) -> str | None:
-    from harness.session import session_of
+    from harness.run.session import session_of
 
     inplay.activate(config)  # a world_size marker uses the harness
     return session_of(config).unavailable_reason(size)

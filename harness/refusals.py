@@ -4,7 +4,7 @@
 refused its configuration (:class:`harness.Unsupported`, outcome ``unsupported``) or the run
 cannot give it what it needs (:class:`EnvironmentRefusal`, outcome ``environment``: a world
 size an attach-mode run does not have). Whoever meets one calls
-:meth:`harness.session.HarnessSession.refuse`, the one path: the session records it (the last
+:meth:`harness.run.session.HarnessSession.refuse`, the one path: the session records it (the last
 refusal of the test is kept, and the running check's observer hears of it), then inside a
 Hypothesis example the example is rejected (the other examples still run) and outside one the
 test is skipped with the refusal's wording. A Hypothesis test none of whose examples could run

@@ -4,6 +4,6 @@
 import pytest
 
 # The rank jobs keep pytest's assertion rewriting, as they had inside the test modules: a
-# failed ``assert`` on a rank shows its values (harness/fnref.py sends a rewritten module's
+# failed ``assert`` on a rank shows its values (harness/wire/fnref.py sends a rewritten module's
 # path, and the ranks import it rewritten).
 pytest.register_assert_rewrite("suites.lib.ranks")

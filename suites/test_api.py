@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from harness import max_world_size, run_on_ranks
-from harness.attribution import tag
+from harness.verdicts.attribution import tag
 from suites.lib.controller.oracles import (
     assert_close,
     assert_close_state,

@@ -33,7 +33,7 @@ import tempfile
 import pytest
 import torch
 
-from harness.session import current
+from harness.run.session import current
 from suites.lib.controller.checkpoint_checks import (
     assert_same_model,
     assert_same_optim,

@@ -5,7 +5,7 @@ scans the project's code and doc files (``.py``, ``.md``, ``.sh``, ``.toml``, ``
 virtual environments, ``reports/`` or ``.hypothesis/``) for two kinds of citation:
 
 - a Markdown file name (``CONTRACT.md``, ``docs/findings.md``), anywhere in the text;
-- a relative Markdown link (``[text](../harness/jobs.py)``) in a ``.md`` file, outside code.
+- a relative Markdown link (``[text](../harness/run/jobs.py)``) in a ``.md`` file, outside code.
 
 Each must resolve, relative to the citing file or to the repository root, to a file inside
 the repository. Names the code *writes* rather than cites are listed in :data:`GENERATED`.

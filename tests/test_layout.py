@@ -146,19 +146,19 @@ def test_suites_helpers_live_on_one_side() -> None:
 
 
 #: Module-level names in harness/ that functions may write, each with why it is not session
-#: state. Everything else a run holds lives on its harness.session.HarnessSession.
+#: state. Everything else a run holds lives on its harness.run.session.HarnessSession.
 PROCESS_STATE = {
-    "harness.session._ACTIVE": "the stack of sessions in force: the one process-wide handle",
-    "harness.attribution._LATE": "a rank's buffer of the running job's late violations",
-    "harness.sigterm._previous": "the process's SIGTERM handler before the plugin's",
-    "harness.sigterm._installed": "whether the process's SIGTERM handler is installed",
-    "harness.sigterm._depth": "how many nested pytest sessions installed it",
-    "harness.sigterm._received": "a SIGTERM arrived whose exception may have been swallowed",
-    "harness.rankcoverage.rank._cov": "the coverage measurement of this (rank) process",
-    "harness.rankcoverage.rank._save_failed": "whether this rank already warned of a save",
-    "harness.fnref._REF_CACHE": "a cache of resolved function references (no state)",
-    "harness.context._FACTORIES": "a rank's cache of loaded strategy factories (no state)",
-    "harness.inplay.OPTIONS": "the options the plugins define, the same in every run (no state)",
+    "harness.run.session._ACTIVE": "the stack of sessions in force: the one process-wide handle",
+    "harness.verdicts.attribution._LATE": "a rank's buffer of the running job's late violations",
+    "harness.entry.sigterm._previous": "the process's SIGTERM handler before the plugin's",
+    "harness.entry.sigterm._installed": "whether the process's SIGTERM handler is installed",
+    "harness.entry.sigterm._depth": "how many nested pytest sessions installed it",
+    "harness.entry.sigterm._received": "a SIGTERM arrived whose exception may have been swallowed",
+    "harness.rank.coverage._cov": "the coverage measurement of this (rank) process",
+    "harness.rank.coverage._save_failed": "whether this rank already warned of a save",
+    "harness.wire.fnref._REF_CACHE": "a cache of resolved function references (no state)",
+    "harness.rank.context._FACTORIES": "a rank's cache of loaded strategy factories (no state)",
+    "harness.entry.inplay.OPTIONS": "the options the plugins define, the same in every run",
 }
 _MUTATORS = {
     "append",
@@ -333,3 +333,29 @@ def test_the_rank_job_scan_finds_jobs_sent_from_their_test_module() -> None:
         (15, "_own_rank", "here"),
         (16, "train_rank", "suites.lib.ranks.training"),
     ]
+
+
+def _entry(module: str) -> str:
+    """The top-level entry of ``harness/`` a module is in (``harness.pool.rankpool`` ->
+    ``harness.pool``; the package itself is ``harness``)."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_harness_entries_import_downward_only() -> None:
+    """``harness/`` is laid out by role (README, "Architecture"): its top-level entries import
+    one another without a cycle, so each stands above everything it imports."""
+    entries: dict[str, set[str]] = {}
+    for module, targets in _graph(_modules()).items():
+        if module.split(".")[0] != "harness":
+            continue
+        source = _entry(module)
+        inside = {_entry(t) for t in targets if t.split(".")[0] == "harness"}
+        entries.setdefault(source, set()).update(inside - {source})
+    assert len(entries) >= 15  # the entries were found
+    assert _cycles(entries) == []
+
+
+def test_the_entry_cycle_scan_sees_a_cycle_between_folders() -> None:
+    entries = {"harness.a": {"harness.b"}, "harness.b": {"harness.c"}, "harness.c": {"harness.a"}}
+    assert _cycles(entries) == [["harness.a", "harness.b", "harness.c"]]
+    assert _entry("harness.pool.transports.pipes") == "harness.pool"

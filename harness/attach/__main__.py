@@ -18,7 +18,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from harness.attach.session import ATTACH_ENV, AttachError, AttachInfo, connect
+from harness.wire.attach import ATTACH_ENV, AttachError, AttachInfo, connect
 
 __all__ = ["controller_command", "main"]
 
@@ -120,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         controller = _start_controller(command, info)
         watcher = threading.Thread(target=_watch_controller, args=(controller, info), daemon=True)
         watcher.start()
-    from harness.attach.rank import AttachedRank
+    from harness.rank.attached import AttachedRank
 
     AttachedRank(info, rank, local_rank).serve()
     if controller is None:

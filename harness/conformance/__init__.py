@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from harness import inplay
-from harness.lazy import lazy_exports
+from harness.entry import inplay
+from harness.entry.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from harness.conformance.checks import check_id
@@ -49,7 +49,7 @@ __all__ = [
 PLUGIN_NAME = "shardcheck-conformance-session"
 
 #: where each exported name lives: imported on first use, so that this plugin module costs
-#: nothing in a run that does not use shardcheck ([Note: the plugins' cost] in harness.inplay)
+#: nothing in a run that does not use shardcheck ([Note: the plugins' cost] in harness.entry.inplay)
 _HOMES = {
     "ConformancePlugin": "harness.conformance.session",
     "check_id": "harness.conformance.checks",

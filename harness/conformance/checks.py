@@ -38,8 +38,8 @@ _SUITE_ERRORS = re.compile(
 _XPASS_STRICT = "[XPASS(strict)]"
 #: failures that are verdicts of their own kind: the exception names the outcome
 _OWN_KINDS = {
-    "desync": re.compile(r"^(harness\.verdicts\.)?CollectiveDesync\b"),
-    "hang": re.compile(r"^(harness\.verdicts\.)?CollectiveHang\b"),
+    "desync": re.compile(r"^(harness\.verdicts\.failures\.)?CollectiveDesync\b"),
+    "hang": re.compile(r"^(harness\.verdicts\.failures\.)?CollectiveHang\b"),
 }
 
 

@@ -8,7 +8,7 @@
 - **Known failures.** A failure whose signature an earlier check already found is not shrunk
   again: the first example that shows it is reported as it is (the report links the finding).
 - **Remembered refusals.** An ``Unsupported`` that names an option and value is remembered
-  for the session and family (:mod:`harness.remembered`). A strategy that refuses
+  for the session and family (:mod:`harness.run.remembered`). A strategy that refuses
   only a combination of values raises ``Unsupported`` without ``option``. A check whose
   examples were refused from memory (or with the same refusal) :data:`REMEMBERED_IN_A_ROW`
   times in a row, none having run, is ``unsupported`` at once (Hypothesis would otherwise draw
@@ -16,7 +16,7 @@
 
 Hypothesis has no setting for a per-failure shrink budget (only ``phases``, and its internal
 five-minute limit), so once the budget is spent the search is ended after the running example
-(:func:`harness.shrinking.stop_after_this_example`, Hypothesis' own deadline moved into the
+(:func:`harness.run.shrinking.stop_after_this_example`, Hypothesis' own deadline moved into the
 past); a test that does not draw in its body also has that example rejected unrun. Outside
 Hypothesis' search nothing changes.
 """
@@ -28,7 +28,7 @@ import time
 from harness.conformance.checks import Check
 from harness.conformance.findings import Findings
 from harness.conformance.signatures import Attribution, attribute
-from harness.shrinking import (
+from harness.run.shrinking import (
     first_failure_time,
     in_engine,
     shrink_once,

@@ -1,6 +1,6 @@
 """The facts a report records about its run: versions, environment, strategy, reproducers.
 
-The settings in force come from the run's harness session (:func:`harness.session.session_of`:
+The settings in force come from the run's harness session (:func:`harness.run.session.session_of`:
 the pool plugin's, or the default one when that plugin is not loaded).
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from harness.config import HarnessConfig, describe_backends
-from harness.session import session_of
+from harness.run.session import session_of
 
 __all__ = ["environment", "reproducer", "run", "strategy", "suite_version"]
 
@@ -131,7 +131,7 @@ def run(config: pytest.Config, started_at: datetime, wall_time_s: float) -> dict
         "started_at": started_at.isoformat(timespec="seconds").replace("+00:00", "Z"),
         "wall_time_s": round(wall_time_s, 1),
         "require_whole_space": bool(config.getoption("require_whole_space", False)),
-        # see [Note: heals are counted] in harness.pool
+        # see [Note: heals are counted] in harness.pool.rankpool
         "heals": [heal.as_dict() for heal in session_of(config).heals],
     }
 

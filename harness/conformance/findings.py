@@ -5,8 +5,8 @@ finding; so does the same error raised at the same place in checks of different 
 report leads with the findings, each with the clause's text, its example and a reproducer,
 and the checks it affected.
 
-[Note: clause isolation] (in :mod:`harness.attribution`) says how a failure gets its clause:
-a check failing under a clause it does not declare is ``blocked`` by that clause.
+[Note: clause isolation] (in :mod:`harness.verdicts.attribution`) says how a failure gets its
+clause: a check failing under a clause it does not declare is ``blocked`` by that clause.
 """
 
 from __future__ import annotations

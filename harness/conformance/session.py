@@ -31,8 +31,8 @@ from harness.conformance.triage import LATE_PREFIX, Triage, shrink_budget
 from harness.conformance.unsupported import CheckWatch, rejecting, skip_exception
 from harness.contract import Unsupported
 from harness.report import NOT_RUN, CheckResult, Report, nonconforming, write_report
-from harness.session import HarnessSession, session_of
-from harness.shrinking import quiet_slow_shrinking
+from harness.run.session import HarnessSession, session_of
+from harness.run.shrinking import quiet_slow_shrinking
 
 _FAMILY_WORDS = {"fsdp": "fsdp", "model_parallel": "model_parallel"}
 

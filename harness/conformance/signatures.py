@@ -7,7 +7,8 @@ assertion made by a suite (its innermost frame is shardcheck's own) the location
 the clause and the assertion's words name it. :mod:`harness.conformance.findings` groups
 failures by it.
 
-[Note: clause isolation] (in :mod:`harness.attribution`) says how a failure gets its clause.
+[Note: clause isolation] (in :mod:`harness.verdicts.attribution`) says how a failure gets its
+clause.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from harness.attribution import LateViolation, clause_of
-from harness.outcomes import RankFailure
+from harness.verdicts.attribution import LateViolation, clause_of
+from harness.verdicts.outcomes import RankFailure
 
 __all__ = [
     "Attribution",

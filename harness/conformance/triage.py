@@ -15,13 +15,13 @@ from collections.abc import Mapping
 
 import pytest
 
-from harness.attribution import LateViolation
 from harness.conformance.checks import Check
 from harness.conformance.economy import SHRINK_SECONDS, ShrinkPolicy, attributed_clauses
 from harness.conformance.examples import finding_example
 from harness.conformance.findings import Finding, Findings
 from harness.conformance.signatures import attribute, late_attribution
 from harness.report import CheckResult, FindingResult
+from harness.verdicts.attribution import LateViolation
 
 __all__ = ["LATE_PREFIX", "SAME_FINDING_STOP", "Triage", "shrink_budget"]
 

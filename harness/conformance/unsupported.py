@@ -28,8 +28,8 @@ from harness.conformance.economy import REMEMBERED_IN_A_ROW, ShrinkPolicy
 from harness.conformance.signatures import is_failure
 from harness.contract import Unsupported
 from harness.refusals import Refusal, skip_exception
-from harness.remembered import is_remembered
-from harness.session import current
+from harness.run.remembered import is_remembered
+from harness.run.session import current
 
 __all__ = [
     "CheckWatch",
@@ -44,7 +44,7 @@ __all__ = [
 @dataclass
 class CheckWatch:
     """The running check's observer on the harness session
-    (:class:`harness.session.CheckObserver`): counts the examples that ran, records refusals,
+    (:class:`harness.run.session.CheckObserver`): counts the examples that ran, records refusals,
     and lets the shrink policy end a search before a job.
 
     Args:

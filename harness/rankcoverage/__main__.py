@@ -11,8 +11,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from harness.rank.coverage_config import DEFAULT_SOURCE, parse_sources, require_coverage
 from harness.rankcoverage.combine import combine_and_report
-from harness.rankcoverage.config import DEFAULT_SOURCE, parse_sources, require_coverage
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,7 +5,7 @@ controller (the pytest process) and in every rank process, and combines the data
 of the session; ``--rank-coverage-dir DIR`` (default ``reports/rank-coverage``) holds the
 per-process data files, the combined ``.coverage`` and the reports.
 
-The settings reach the ranks through :data:`~harness.rankcoverage.config.ENV_VAR`, which
+The settings reach the ranks through :data:`~harness.rank.coverage_config.ENV_VAR`, which
 must be set before ``harness.plugin`` starts the forkserver (ranks inherit the forkserver's
 environment): this plugin sets it as early as pytest allows (while the initial conftests
 load, or first thing in ``pytest_configure``). The controller is measured too: it imports
@@ -20,16 +20,16 @@ from typing import Any
 
 import pytest
 
-from harness import inplay
-from harness.rankcoverage import rank
-from harness.rankcoverage.combine import CoverageSummary, clear_data, combine_and_report
-from harness.rankcoverage.config import (
+from harness.entry import inplay
+from harness.rank import coverage as rank
+from harness.rank.coverage_config import (
     DEFAULT_SOURCE,
     ENV_VAR,
     RankCoverageConfig,
     parse_sources,
     require_coverage,
 )
+from harness.rankcoverage.combine import CoverageSummary, clear_data, combine_and_report
 
 __all__: list[str] = []
 
@@ -135,7 +135,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     state = session.config.stash.get(_STATE, None)
     if state is None:
         return
-    from harness import api
+    import harness.api as api
 
     api.shutdown()
     rank.stop_and_save()

@@ -38,9 +38,10 @@ SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)
 #: The outcome of a check the session never reached (interrupted, ``-x``, ``--maxfail``).
 NOT_RUN = "not run"
-#: A failure whose ranks entered different collectives (``harness.verdicts.CollectiveDesync``).
+#: A failure whose ranks entered different collectives
+#: (``harness.verdicts.failures.CollectiveDesync``).
 DESYNC = "desync"
-#: A failure whose ranks waited inside the job (``harness.verdicts.CollectiveHang``).
+#: A failure whose ranks waited inside the job (``harness.verdicts.failures.CollectiveHang``).
 HANG = "hang"
 #: A check whose property was never reached: another clause's violation came first.
 BLOCKED = "blocked"

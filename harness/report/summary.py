@@ -184,5 +184,5 @@ def render_summary(report: Report, limit: int = SUMMARY_LIMIT) -> str:
 
 
 def _restarts(count: int) -> str:
-    """``1 restart of the ranks`` (see [Note: heals are counted] in harness.pool)."""
+    """``1 restart of the ranks`` (see [Note: heals are counted] in harness.pool.rankpool)."""
     return f"{count} restart{'s' if count != 1 else ''} of the ranks"

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from harness.attach.__main__ import controller_command, info_from_torchrun
-from harness.attach.session import ATTACH_ENV, AttachError, AttachInfo, info_from_env
+from harness.wire.attach import ATTACH_ENV, AttachError, AttachInfo, info_from_env
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = Path(__file__).resolve().parent / "cases"

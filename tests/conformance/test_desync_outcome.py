@@ -24,11 +24,11 @@ def _failed_call(message: str) -> SimpleNamespace:
 @pytest.mark.parametrize(
     "message,outcome",
     [
-        ("harness.verdicts.CollectiveDesync: desync: rank 0 entered BARRIER", "desync"),
+        ("harness.verdicts.failures.CollectiveDesync: desync: rank 0 entered BARRIER", "desync"),
         ("CollectiveDesync: desync: rank 1 entered ALLREDUCE shapes=[4, 2]", "desync"),
-        ("harness.verdicts.CollectiveHang: rank(s) 1 finished; rank 0 waits", "hang"),
+        ("harness.verdicts.failures.CollectiveHang: rank(s) 1 finished; rank 0 waits", "hang"),
         ("AssertionError: CollectiveDesync was expected", "failed"),
-        ("harness.outcomes.RankFailure: rank 1 raised", "failed"),
+        ("harness.verdicts.outcomes.RankFailure: rank 1 raised", "failed"),
     ],
 )
 def test_the_exception_type_names_the_outcome(message: str, outcome: str) -> None:

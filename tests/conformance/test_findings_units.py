@@ -8,14 +8,14 @@ import pytest
 from hypothesis import strategies as st
 
 from harness import clause
-from harness.attribution import clause_of, take_late_violations
 from harness.conformance.economy import attributed_clauses
 from harness.conformance.findings import Findings
 from harness.conformance.signatures import attribute, mask, named_clause
 from harness.contract import Unsupported
-from harness.remembered import RememberedRefusals
 from harness.report import CheckResult, FindingResult, Report, clause_outcomes
 from harness.report.diff import diff_reports
+from harness.run.remembered import RememberedRefusals
+from harness.verdicts.attribution import clause_of, take_late_violations
 
 
 def test_clause_tags_what_its_body_raises_innermost_first() -> None:
@@ -225,7 +225,7 @@ def test_a_spent_shrink_budget_ends_the_search_without_inconsistent_data(
 ) -> None:
     from hypothesis.reporting import with_reporter
 
-    from harness.shrinking import quiet_slow_shrinking
+    from harness.run.shrinking import quiet_slow_shrinking
 
     calls = [0]
     reported: list[object] = []
@@ -312,7 +312,7 @@ def test_a_finding_met_late_after_failing_its_own_check_counts_as_late() -> None
 def test_hypothesis_slow_shrinking_warning_is_never_shown() -> None:
     from hypothesis.reporting import report, with_reporter
 
-    from harness.shrinking import quiet_slow_shrinking
+    from harness.run.shrinking import quiet_slow_shrinking
 
     reported: list[object] = []
     with with_reporter(reported.append), quiet_slow_shrinking():

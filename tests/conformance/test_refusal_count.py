@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import harness.session
+import harness.run.session
 from harness import Unsupported
 from harness.conformance.checks import Check
 from harness.conformance.unsupported import CheckWatch, rejecting
@@ -46,7 +46,7 @@ def _refusing_test(path: str, refused: list[int]) -> Any:
             try:
                 raise refusal
             except Unsupported as exc:
-                harness.session.current().refuse(exc)
+                harness.run.session.current().refuse(exc)
         if path == "suite_reject":  # a suite that rejects the example itself
             try:
                 raise refusal
@@ -65,7 +65,7 @@ def test_each_refused_example_is_recorded_once(path: str) -> None:
     test = _refusing_test(path, refused)
     handle: Any = test.hypothesis  # type: ignore[attr-defined]
     handle.inner_test = rejecting(handle.inner_test, check)
-    with harness.session.current().observing(watch):
+    with harness.run.session.current().observing(watch):
         test()
     assert refused, "no example was refused"
     assert len(watch.records) == len(refused), (path, len(watch.records), len(refused))

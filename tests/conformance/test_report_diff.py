@@ -160,7 +160,7 @@ def test_summary_headline_prefers_a_ranks_story() -> None:
     from harness.conformance.summary import headline
 
     story = (
-        "harness.outcomes.RankFailure: job 4: m:f at world size 2: rank 1 raised\n"
+        "harness.verdicts.outcomes.RankFailure: job 4: m:f at world size 2: rank 1 raised\n"
         "rank 1 raised NotImplementedError: no CheckpointIO after 0.08 s\n"
         "    Traceback (most recent call last):\n"
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.fnref import _reprcompare
+from harness.wire.fnref import _reprcompare
 
 
 def test_a_failed_dict_comparison_names_the_differing_items() -> None:

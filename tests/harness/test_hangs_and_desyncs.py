@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from harness import RankContext, run_on_ranks
-from harness.verdicts import CollectiveDesync, CollectiveHang
+from harness.verdicts.failures import CollectiveDesync, CollectiveHang
 
 REPO = Path(__file__).resolve().parents[2]
 

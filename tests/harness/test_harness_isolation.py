@@ -13,7 +13,7 @@ from torch.distributed import distributed_c10d as c10d
 from torch.distributed.device_mesh import init_device_mesh
 
 from harness import RankContext, run_on_ranks
-from harness.isolation import COLLECT_EVERY
+from harness.rank.isolation import COLLECT_EVERY
 
 MARK = "SHARDCHECK_TEST_ISOLATION"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pickle
 
 from harness import Outcome, RankFailure
-from harness.outcomes import (
+from harness.verdicts.outcomes import (
     RemoteError,
     format_story,
     normalize_per_rank,
@@ -64,13 +64,13 @@ def test_rank_failure_exposes_outcomes_and_pickles() -> None:
 def test_tidy_stacks_drops_the_watchdog_and_harness_frames() -> None:
     dump = (
         "Thread 0x1 (most recent call first):\n"
-        '  File "/r/harness/worker.py", line 9 in watch\n'
+        '  File "/r/harness/rank/worker.py", line 9 in watch\n'
         '  File "/lib/threading.py", line 9 in run\n'
         "\n"
         "Current thread 0x2 (most recent call first):\n"
         '  File "/t/test_x.py", line 5 in spin\n'
-        '  File "/r/harness/worker.py", line 12 in _call\n'
-        '  File "/r/harness/worker.py", line 40 in run_job\n'
+        '  File "/r/harness/rank/worker.py", line 12 in _call\n'
+        '  File "/r/harness/rank/worker.py", line 40 in run_job\n'
         "\n"
         "Extension modules: numpy (total: 1)\n"
     )

@@ -310,7 +310,7 @@ CONFORMANCE = (
 WARM_UP_SPY = """
 import os
 from hypothesis import settings
-from harness.session import HarnessSession
+from harness.run.session import HarnessSession
 
 settings.register_profile("mine", max_examples=3)
 

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from harness import run_on_ranks, worker
+from harness import run_on_ranks
+from harness.rank import worker
 
 
 def test_nccl_ranks_raise_on_timeout_instead_of_tearing_down(

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from harness import RankContext, RankFailure, StrategySpec, Unsupported, api, run_on_ranks
-from harness.context import StrategyAgreementError
+from harness.rank.context import StrategyAgreementError
 
 
 def rank_info(ctx: RankContext, scale: int) -> dict:

@@ -1,5 +1,5 @@
 """Heals are visible: every restart of the ranks is kept with its cause and its check, and
-the terminal and the report count them (see [Note: heals are counted] in harness.pool)."""
+the terminal and the report count them (see [Note: heals are counted] in harness.pool.rankpool)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ import textwrap
 
 import pytest
 
-import harness.session
+import harness.run.session
 from harness import RankFailure, run_on_ranks
-from harness.heals import Heal, describe_heals
+from harness.pool.heals import Heal, describe_heals
 from tests.harness.test_harness_faults import segfault_on_rank_one
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_a_crash_is_kept_as_a_heal_with_its_check(request: pytest.FixtureRequest) -> None:
-    session = harness.session.current()
+    session = harness.run.session.current()
     before = len(session.heals)
     with pytest.raises(RankFailure):
         run_on_ranks(segfault_on_rank_one, world_size=2, timeout=4.0)

@@ -1,5 +1,5 @@
 """The plugins cost nothing in a pytest run that does not use shardcheck, and start the
-harness in one that does ([Note: the plugins' cost] in harness.inplay).
+harness in one that does ([Note: the plugins' cost] in harness.entry.inplay).
 
 Each case runs pytest in a subprocess with the plugins loaded by their entry points (as in
 any pytest run of an environment where shardcheck is installed), in a directory outside this
@@ -14,7 +14,7 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from harness import inplay
+from harness.entry import inplay
 
 INSTALLED = {ep.value for ep in entry_points(group="pytest11")} >= {
     "harness.plugin",

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import harness
-from harness.rankcoverage import rank
-from harness.rankcoverage.config import ENV_VAR, RankCoverageConfig, require_coverage
+from harness.rank import coverage as rank
+from harness.rank.coverage_config import ENV_VAR, RankCoverageConfig, require_coverage
 
 REPO = str(Path(harness.__file__).resolve().parent.parent)
 PLUGINS = {ep.value for ep in entry_points(group="pytest11")}

@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 import torch
 
-from harness import RankContext, run_on_ranks, runner
-from harness.pool import PoolStartError, RankPool
-from harness.transport import PoolSettings
-from harness.transports import pipes
-from harness.worker import WorkerSpec
+from harness import RankContext, run_on_ranks
+from harness.pool.rankpool import PoolStartError, RankPool
+from harness.pool.transport import PoolSettings
+from harness.pool.transports import pipes
+from harness.rank import runner
+from harness.rank.worker import WorkerSpec
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

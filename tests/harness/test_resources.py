@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import harness
-from harness.resources import (
+from harness.pool.resources import (
     RANK_MEMORY_MB,
     RANKS_PER_CORE,
     Machine,
@@ -103,7 +103,7 @@ def test_too_many_ranks_stop_the_run_at_start_up_and_the_override_lets_it_collec
     cores = len(os.sched_getaffinity(0))
     too_many = str(cores * RANKS_PER_CORE + 1)
     # the part of start-up no check can skip: the plugin and the harness session (torch)
-    _, imports = _timed("-c", "import harness.plugin, harness.session")
+    _, imports = _timed("-c", "import harness.plugin, harness.run.session")
     done, seconds = _timed("-m", "pytest", "-p", "no:cacheprovider", "suites/", "--nproc", too_many)
     assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
     assert f"--nproc={too_many} is more than this machine can hold" in done.stderr

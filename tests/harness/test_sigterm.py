@@ -108,7 +108,7 @@ def test_sigterm_stops_ranks_removes_temp_files_and_writes_the_report(tmp_path: 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the point
 def test_a_swallowed_sigterm_is_raised_again_before_the_next_test_or_job() -> None:
     """A SIGTERM whose exception Python swallowed (raised inside a ``__del__``) is not lost."""
-    from harness import sigterm
+    from harness.entry import sigterm
 
     class Swallows:
         def __del__(self) -> None:

@@ -1,6 +1,6 @@
 """The transport registry: a session reaches its ranks through the transport its settings
-name, and a new transport is one module plus its line in ``harness.transports.TRANSPORTS``
-([Note: adding a transport] in ``harness/transport.py``)."""
+name, and a new transport is one module plus its line in ``harness.pool.transports.TRANSPORTS``
+([Note: adding a transport] in ``harness/pool/transport.py``)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-import harness.transports
+import harness.pool.transports
 from harness import api
-from harness import session as session_module
 from harness.config import HarnessConfig
-from harness.session import HarnessSession
-from harness.transport import Transport
-from harness.transports import TRANSPORTS, transport_kind
-from harness.transports.pipes import LocalRanks
+from harness.pool.transport import Transport
+from harness.pool.transports import TRANSPORTS, transport_kind
+from harness.pool.transports.pipes import LocalRanks
+from harness.run import session as session_module
+from harness.run.session import HarnessSession
 
 KIND_MEMBERS = ("gpu_ranks", "open", "warm_up", "stop")
 
@@ -35,7 +35,7 @@ def test_an_unknown_transport_is_refused_with_the_names_there_are() -> None:
     with pytest.raises(ValueError, match="no transport is named 'pigeon'") as info:
         transport_kind("pigeon")
     assert "local, torchrun" in str(info.value)
-    assert "harness/transports/__init__.py" in str(info.value)  # where to register one
+    assert "harness/pool/transports/__init__.py" in str(info.value)  # where to register one
     with pytest.raises(ValueError, match="no transport is named 'pigeon'"):
         HarnessSession(HarnessConfig(nproc=2, transport="pigeon"))
 
@@ -75,7 +75,7 @@ def test_a_registered_transport_carries_the_sessions_jobs(monkeypatch: pytest.Mo
     module.KIND = kind  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "counted_transport", module)
     registry = MappingProxyType({**TRANSPORTS, "counted": "counted_transport"})
-    monkeypatch.setattr(harness.transports, "TRANSPORTS", registry)
+    monkeypatch.setattr(harness.pool.transports, "TRANSPORTS", registry)
 
     session = HarnessSession(HarnessConfig(nproc=2, backend="gloo", transport="counted"))
     session_module.activate(session)

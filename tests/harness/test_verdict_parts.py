@@ -7,12 +7,12 @@ import pickle
 
 import torch
 
-from harness.collectives import own_fingerprint, waiting_collective
-from harness.deadlines import Deadlines
-from harness.flight import flight_recorder_environ, last_collectives, trace_prefix
-from harness.outcomes import Outcome
-from harness.rankwarnings import RankWarnings, shape
-from harness.stall import StallProbe, cpu_seconds
+from harness.pool.stall import StallProbe, cpu_seconds
+from harness.run.deadlines import Deadlines
+from harness.verdicts.collectives import own_fingerprint, waiting_collective
+from harness.verdicts.flight import flight_recorder_environ, last_collectives, trace_prefix
+from harness.verdicts.outcomes import Outcome
+from harness.verdicts.rankwarnings import RankWarnings, shape
 
 
 def test_own_fingerprint_reads_each_ranks_part() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from harness.refusals import Refusal
-from harness.session import current
+from harness.run.session import current
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.regressions import INIT_NESTED
 from suites.lib.ranks.training import train_rank

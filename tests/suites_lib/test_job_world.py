@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 import harness.api
-import harness.session
-from harness.attach.session import AttachInfo
+import harness.run.session
+from harness.wire.attach import AttachInfo
 from suites.lib.controller import scenarios
 from suites.lib.controller.scenarios import available_world_sizes, job_world
 
@@ -24,7 +24,7 @@ def _session(monkeypatch: pytest.MonkeyPatch, nproc: int, attach_world: int | No
     config = dataclasses.replace(
         harness.api.current_config(), nproc=nproc, transport=transport, attach=attach
     )
-    monkeypatch.setattr(harness.session.current(), "config", config)
+    monkeypatch.setattr(harness.run.session.current(), "config", config)
 
 
 @pytest.mark.parametrize("nproc", [2, 4, 8])

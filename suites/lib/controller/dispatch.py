@@ -24,10 +24,10 @@ def run(fn: Callable[..., Any], *args: Any, world_size: int) -> list[Any]:
     report).
 
     A scenario among ``args`` whose option value the strategy already refused in this session
-    is refused again without a rank job (see :mod:`harness.remembered`).
+    is refused again without a rank job (see :mod:`harness.run.remembered`).
     """
     from harness import RankFailure, Unsupported, run_on_ranks
-    from harness.session import current
+    from harness.run.session import current
 
     session = current()
     scenarios = _scenarios_in(args)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from harness.attribution import clause
+from harness.verdicts.attribution import clause
 from suites.lib.controller.oracles import (
     assert_close,
     assert_close_state,

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from harness import MeshStrategy, RankContext, Strategy, Unsupported
-from harness.attribution import clause_of
+from harness.verdicts.attribution import clause_of
 from suites.lib.ranks.readers import gathered_grads, gathered_state
 from suites.lib.ranks.training import RankResult, Trained, setup, train
 from suites.lib.shared.models import (

@@ -17,7 +17,7 @@ from typing import Any, cast
 import torch.distributed as dist
 from torch import nn
 
-from harness.attribution import clause
+from harness.verdicts.attribution import clause
 from suites.lib.ranks.checkpoint_jobs import build, path_for, read_state
 from suites.lib.ranks.training import Trained, end, micro_step
 from suites.lib.shared.models import clean_name

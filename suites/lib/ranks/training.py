@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from harness import RankContext, Strategy
-from harness.attribution import clause
+from harness.verdicts.attribution import clause
 from suites.lib.ranks.readers import gathered_grads, gathered_state
 from suites.lib.shared.models import Linear, build_model, make_batch
 from suites.lib.shared.specs import Scenario

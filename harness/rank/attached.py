@@ -1,0 +1,208 @@
+"""An attach-mode rank: one torchrun process serving the controller's commands from the store.
+
+The rank waits for numbered commands (``cmd/<seq>``), answers each under ``reply/<seq>/<rank>``
+with its captured output, and forms a new default process group whenever the controller says
+``start`` (the first time, and after a heal). A watchdog thread, with its own store client,
+bumps the heartbeat, dumps this rank's Python stacks when the controller asks, and interrupts
+a job the controller gave up on (``SIGUSR2`` raises :class:`JobAborted` in the main thread,
+which also wakes a ``sleep``). The rank leaves on ``stop``, or once rank 0 reports that the
+controller has exited.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import pickle
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness.rank import coverage as rank_coverage
+from harness.rank.isolation import OutputCapture
+from harness.rank.runner import (
+    JobRunner,
+    join_process_group,
+    rank_device,
+    report_error,
+    warm_up_rank,
+)
+from harness.wire.attach import BEAT_INTERVAL, AttachInfo, AttachStart, connect, key
+from harness.wire.fnref import install_rewriting
+from harness.wire.protocol import Command, Event, Kind, decode
+
+__all__ = ["AttachedRank", "JobAborted"]
+
+ABORT_SIGNAL = signal.SIGUSR2
+IDLE_WAIT = timedelta(seconds=0.5)  # between two looks whether the controller has exited
+
+
+class JobAborted(Exception):
+    """The controller gave up on this job (a rank hung past the deadline)."""
+
+
+class AttachedRank:
+    """One rank of an attach-mode run.
+
+    Args:
+        info: where the store is.
+        rank: this process's global rank (torchrun's ``RANK``).
+        local_rank: its rank on this node (``LOCAL_RANK``; the CUDA device with NCCL).
+    """
+
+    def __init__(self, info: AttachInfo, rank: int, local_rank: int) -> None:
+        self.info = info
+        self.rank = rank
+        self.local_rank = local_rank
+        self.store = connect(info)
+        self.workdir = tempfile.mkdtemp(prefix=f"shardcheck-attach-rank{rank}-")
+        self.capture = OutputCapture(self._path("stdout"), self._path("stderr"))
+        self.runner: JobRunner | None = None
+        self.seq = 0  # the command being handled (0: none)
+        self.running_job = 0  # the seq of the job running now (0: none)
+        self.stopped = threading.Event()
+        self._stacks = open(self._path("stacks"), "a+")
+        faulthandler.enable(self._stacks, all_threads=True)
+        signal.signal(ABORT_SIGNAL, self._abort_handler)
+
+    def _path(self, what: str) -> str:
+        return os.path.join(self.workdir, f"rank{self.rank}.{what}")
+
+    def serve(self) -> None:
+        """Answer commands until ``stop`` or until the controller has exited."""
+        watchdog = threading.Thread(target=self._watch, name="shardcheck-watchdog", daemon=True)
+        watchdog.start()
+        seq = 1
+        try:
+            while True:
+                command = self._next(seq)
+                if command is None or command.kind == Kind.STOP:
+                    break
+                self.seq = seq
+                try:
+                    reply = self._handle(seq, command)
+                except JobAborted as exc:  # the abort landed just as the job ended
+                    reply = Event(Kind.ERROR, command.job_id, self.rank, report_error(exc, 0.0, ""))
+                self.capture.flush()
+                output = (_read(self._path("stdout")), _read(self._path("stderr")))
+                self.store.set(key("reply", seq, self.rank), pickle.dumps((reply, *output)))
+                self.seq = 0
+                seq += 1
+        finally:
+            self.stopped.set()
+            watchdog.join(timeout=5.0)  # never leave a thread inside the store's C++ client
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            self.capture.flush()
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _next(self, seq: int) -> Command | None:
+        """Command ``seq``, or ``None`` once the controller has exited."""
+        wanted = key("cmd", seq)
+        while True:
+            try:  # the store answers as soon as the key is set (a timed-out wait is harmless)
+                self.store.wait([wanted], IDLE_WAIT)
+                break
+            except dist.DistStoreError:
+                if self.store.check(["controller"]):
+                    return None
+        command: Command = decode(self.store.get(wanted))
+        return command
+
+    def _handle(self, seq: int, command: Command) -> Event:
+        if command.kind == Kind.START:
+            return self._start(command)
+        if self.runner is None:
+            raise RuntimeError(f"command {str(command.kind)!r} before the process group was formed")
+        if command.kind != Kind.JOB:
+            return self.runner.handle(command)
+        self.running_job = seq
+        try:
+            return self.runner.handle(command)
+        finally:
+            self.running_job = 0
+
+    def _start(self, command: Command) -> Event:
+        """Form the default process group of a new generation (leaving the old one)."""
+        start: AttachStart = command.payload
+        began = time.perf_counter()
+        try:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            os.environ.update(start.environ)
+            rank_coverage.start_from_env(self.rank)  # no-op unless --rank-coverage
+            torch.set_num_threads(start.threads)
+            if start.generation == 1:
+                install_rewriting(start.rewrite)
+            device = rank_device(start.backend, self.local_rank)
+            pg_store = dist.PrefixStore(key("pg", start.generation), self.store)
+            join_process_group(
+                start.backend, pg_store, self.rank, self.info.world_size, start.pg_timeout, device
+            )
+            if start.warm_up:
+                warm_up_rank(device)
+            self.runner = JobRunner(
+                self.rank,
+                self.info.world_size,
+                start.backend,
+                device,
+                self.capture,
+                start.pg_timeout,
+            )
+        except BaseException as exc:
+            return Event(Kind.ERROR, command.job_id, self.rank, report_error(exc, 0.0, ""))
+        return Event(Kind.READY, command.job_id, self.rank, time.perf_counter() - began)
+
+    def _abort_handler(self, signum: int, frame: Any) -> None:
+        if self.running_job:
+            raise JobAborted(
+                f"rank {self.rank}: the controller aborted this job after its deadline "
+                "(another rank, or this one, hung)"
+            )
+
+    def _watch(self) -> None:
+        """Heartbeat, stack dumps and aborts, on a store client of its own."""
+        store = connect(self.info)
+        main = threading.main_thread().ident
+        dumped: set[int] = set()
+        aborted: set[int] = set()
+        while not self.stopped.wait(BEAT_INTERVAL):
+            try:
+                store.add(key("beat", self.rank), 1)
+                seq = self.seq
+                if seq and seq not in dumped and store.check([key("dump", seq)]):
+                    dumped.add(seq)
+                    store.set(key("stacks", seq, self.rank), pickle.dumps(self._dump()))
+                running = self.running_job
+                if running and running not in aborted and store.check([key("abort", running)]):
+                    aborted.add(running)
+                    if main is not None:
+                        signal.pthread_kill(main, ABORT_SIGNAL)
+            except (RuntimeError, dist.DistError):
+                return  # the store is gone: torchrun is ending the run
+
+    def _dump(self) -> tuple[str, str, str]:
+        self._stacks.flush()
+        self._stacks.seek(0, os.SEEK_END)
+        start = self._stacks.tell()
+        faulthandler.dump_traceback(self._stacks, all_threads=True)
+        self._stacks.flush()
+        self._stacks.seek(start)
+        stacks = self._stacks.read()
+        self.capture.flush()
+        return stacks, _read(self._path("stdout")), _read(self._path("stderr"))
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""

@@ -1,0 +1,148 @@
+"""One job on the ranks of a session: arguments checked, dispatched, replayed, judged.
+
+:func:`run_on_ranks` is what :func:`harness.api.run_on_ranks` does on the session in force:
+it checks the arguments, pickles them into a :class:`~harness.wire.protocol.Job`, runs it on the
+session's pool of that size, replays a job that hung or broke a collective with collective
+checking (and runs the rest of its check checked), learns the check's deadlines, and returns
+every rank's value or raises the failure that names every rank's story.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from harness.contract import Unsupported
+from harness.entry import sigterm
+from harness.pool.rankpool import RankPool
+from harness.refusals import EnvironmentRefusal
+from harness.run.deadlines import current_check
+from harness.run.session import HarnessSession
+from harness.run.shrinking import shrink_once
+from harness.verdicts.failures import CollectiveDesync, CollectiveHang, failure_for
+from harness.verdicts.outcomes import Outcome
+from harness.wire.fnref import fn_ref_of
+from harness.wire.protocol import FnRef, Job
+
+__all__ = ["run_on_ranks"]
+
+
+def run_on_ranks(
+    session: HarnessSession,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    world_size: int,
+    timeout: Any,
+) -> list[Any]:
+    """:func:`harness.api.run_on_ranks` on ``session`` (its docstring says the rest)."""
+    __tracebackhide__ = True
+    sigterm.raise_if_terminated()  # a SIGTERM swallowed since the last job stops the run here
+    ref = fn_ref_of(fn)
+    size = _check_world_size(session, world_size)
+    check = current_check(str(ref))
+    deadline = _check_timeout(session, timeout)
+    if deadline is None:
+        deadline = session.deadlines.deadline(check, str(ref))
+    blob = _pickle_args(args)
+    pool = session.pool_for(size)
+    if session.observer is not None:
+        session.observer.before_job()  # the conformance plugin's shrink budget
+    checked = _use_checking(session, pool, check)
+    outcomes, what = _run_job(session, pool, ref, blob, deadline, size)
+    if not checked and _worth_replaying(outcomes) and pool.can_check:
+        session.checked_check = check  # the replay and the rest of this check run checked
+        _use_checking(session, pool, check)
+        outcomes, what = _run_job(session, pool, ref, blob, deadline, size)
+        what += " (replayed with collective checking)"
+    session.deadlines.learn(check, str(ref), outcomes)
+    if all(isinstance(o.exception, Unsupported) for o in outcomes):
+        raise outcomes[0].exception  # type: ignore[misc]  # refused: no example ran
+    session.job_ran()  # passed or failed, the example ran
+    if all(o.ok for o in outcomes):
+        return [o.value for o in outcomes]
+    failure = failure_for(outcomes, what)
+    if isinstance(failure, (CollectiveDesync, CollectiveHang)):
+        shrink_once()  # one bug whatever the example's size: shrink it once
+    raise failure
+
+
+def _check_world_size(session: HarnessSession, world_size: Any) -> int:
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"run_on_ranks(world_size={world_size!r}): expected an int.")
+    if world_size < 1:
+        raise ValueError(f"run_on_ranks(world_size={world_size}): must be at least 1.")
+    config = session.config
+    if config.attach is not None and world_size != config.attach.world_size:
+        reason = session.unavailable_reason(world_size)
+        assert reason is not None
+        session.refuse(EnvironmentRefusal(reason))
+    if world_size > config.nproc:
+        # a check that needs more ranks than this session has is `environment`, never an
+        # error: `--nproc 1` (the only NCCL world of a one-GPU machine) is a valid session
+        reason = session.unavailable_reason(world_size)
+        assert reason is not None
+        session.refuse(EnvironmentRefusal(reason))
+    return world_size
+
+
+def _check_timeout(session: HarnessSession, timeout: Any) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"run_on_ranks(timeout={timeout!r}): expected seconds as a number.")
+    if not timeout > 0:
+        raise ValueError(
+            f"run_on_ranks(timeout={timeout}): must be a positive number of seconds "
+            "(or None for a deadline learned from the check's passing jobs, at most "
+            f"--rank-timeout={session.config.rank_timeout})."
+        )
+    return float(timeout)
+
+
+def _run_job(
+    session: HarnessSession, pool: RankPool, ref: FnRef, blob: bytes, deadline: float, size: int
+) -> tuple[list[Outcome], str]:
+    job_id = session.next_job_id()
+    tmp_dir = os.path.join(session.session_root(), "jobs", f"job-{job_id}")
+    config = session.config
+    job = Job(ref, blob, deadline, tmp_dir, config.strategy, dict(config.strategy_options))
+    what = f"job {job_id}: {ref} at world size {size}"
+    try:
+        outcomes = pool.run(job, job_id)
+    finally:
+        session.note_heals(pool, size)  # a failed start raises: its heal is kept too
+        if os.path.isdir(tmp_dir):
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+    session.publish(outcomes)
+    return outcomes, what
+
+
+def _use_checking(session: HarnessSession, pool: RankPool, check: str) -> bool:
+    """Put the pool in the checking mode this check needs; return whether it checks."""
+    return pool.set_checking(session.config.check_collectives or check == session.checked_check)
+
+
+def _pickle_args(args: tuple[Any, ...]) -> bytes:
+    try:
+        return pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        raise TypeError(
+            f"run_on_ranks: the arguments cannot be pickled for the ranks "
+            f"({type(exc).__name__}: {exc}); pass plain data or module-level objects."
+        ) from exc
+
+
+def _worth_replaying(outcomes: Sequence[Outcome]) -> bool:
+    """A hang or a broken collective: what collective checking may name (a rank left alone
+    in a collective may be one whose peers passed a mismatched one: gloo lets an all_reduce
+    of other shapes through on one side). Not a crash: it is named already (rank, signal,
+    fatal error dump), and its peers' broken collectives follow from it."""
+    if any(o.kind == "crashed" for o in outcomes):
+        return False
+    return any(
+        o.kind == "hung" or (o.error is not None and o.error.is_distributed) or o.collective_error
+        for o in outcomes
+    )

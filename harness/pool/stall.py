@@ -2,11 +2,12 @@
 
 Ranks that entered collectives that do not match (without collective checking) wait until
 the process-group timeout; no rank finishes, so the lonely-rank grace does not apply. A
-:class:`StallProbe` samples the waiting ranks' Python stacks (``faulthandler``, which does
-not disturb them) and their CPU time: when two samples ``every`` seconds apart show every
-waiting rank inside a c10d collective, with the same stack and (almost) no CPU time spent in
-between, the ranks are stuck. The pool then ends the job as hung, and the controller replays
-it with collective checking (a stall that was not one passes there).
+:class:`StallProbe` samples the waiting ranks' Python stacks (``faulthandler``, from a rank
+thread that holds the GIL: see [Note: stack dumps hold the GIL] in
+:mod:`harness.rank.worker`) and their CPU time: when two samples ``every`` seconds apart
+show every waiting rank inside a c10d collective, with the same stack and (almost) no CPU
+time spent in between, the ranks are stuck. The pool then ends the job as hung, and the
+controller replays it with collective checking (a stall that was not one passes there).
 """
 
 from __future__ import annotations

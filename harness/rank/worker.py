@@ -3,8 +3,9 @@
 A worker is forked from the forkserver (torch and the distributed modules already
 imported), becomes the leader of its own process group (so the controller can kill it with
 everything it started), points stdout/stderr at per-rank files, arms ``faulthandler`` (fatal
-signals and ``SIGUSR1`` dump Python stacks to a per-rank file), joins the default process
-group through the controller's store, and then serves :mod:`harness.wire.protocol` commands.
+signals dump Python stacks to a per-rank file; a thread dumps them there on ``SIGUSR1``),
+joins the default process group through the controller's store, and then serves
+:mod:`harness.wire.protocol` commands.
 A watchdog thread kills the rank's process group when the controller's end of the life
 pipe closes, so a dead controller never leaves ranks behind. The controller's side is
 :mod:`harness.pool.transports.pipes`; the commands are run by
@@ -20,6 +21,7 @@ import threading
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import Connection
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -79,6 +81,9 @@ class WorkerSpec:
 
 def worker_main(spec: WorkerSpec, conn: Connection, life: Connection) -> None:
     """Entry point of a rank process (the target of ``multiprocessing.Process``)."""
+    # before any thread starts, so that every thread inherits it: see [Note: stack dumps
+    # hold the GIL]
+    signal.pthread_sigmask(signal.SIG_BLOCK, {STACK_SIGNAL})
     own_group = _become_group_leader()
     rank_coverage.start_from_env(spec.rank)  # no-op unless --rank-coverage
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -86,7 +91,7 @@ def worker_main(spec: WorkerSpec, conn: Connection, life: Connection) -> None:
     capture = OutputCapture(spec.stdout_path, spec.stderr_path)
     stacks = open(spec.stacks_path, "a")
     faulthandler.enable(stacks, all_threads=True)
-    faulthandler.register(STACK_SIGNAL, stacks, all_threads=True, chain=False)
+    _dump_stacks_on_signal(stacks)
     try:
         rank = _Rank(spec, conn, capture)
     except BaseException as exc:
@@ -116,6 +121,39 @@ def _watch_controller(life: Connection, own_group: bool) -> None:
         os._exit(70)
 
     threading.Thread(target=watch, name="shardcheck-watchdog", daemon=True).start()
+
+
+def _dump_stacks_on_signal(stacks: Any) -> None:
+    """Write the stacks of all threads to ``stacks`` at each ``STACK_SIGNAL``, from a thread
+    that holds the GIL.
+
+    [Note: stack dumps hold the GIL] ``faulthandler.register(signal, all_threads=True)``
+    dumps from inside the C signal handler, without the GIL, and so walks the frames of a
+    thread that may be half-way through pushing or popping one (a data-stack chunk just
+    freed): it reads freed memory and the rank dies by SIGSEGV (CPython gh-116008). The
+    stall probe signals every rank still in a job after 3 s, every 2 s; the first job on
+    fresh ranks (imports, no warm-up) is the one that runs that long most often, and it is
+    import-heavy, so a false "killed by SIGSEGV" came now and then, its "fatal error dump"
+    being the half-written sample (cut mid-line) and then "Fatal Python error: Segmentation
+    fault" with no stack after it. Measured with Python 3.11.7, ranks signalled at 500 Hz
+    through 25 rounds of CKPT-SAVE-6's rank-killed case: dumped from the handler, a rank
+    died by SIGSEGV in both runs (a check failed at rounds 10 and 24; once both ranks, 0.3 s
+    into the first job of fresh ranks); dumped as below, 25 of 25 passed. Here the signal is
+    blocked in every thread (the mask is set before the first thread starts; threads and
+    child processes inherit it) and taken by ``sigwait`` in this thread, which dumps with
+    ``faulthandler.dump_traceback`` while holding the GIL: every other thread is then between
+    two bytecodes or in C code, its frames complete (attach mode's ranks dump the same way,
+    from their store thread). The cost: a thread that holds the GIL in C code is sampled
+    only once it lets go (a c10d collective releases it); till then the probe gets no dump
+    and does not call the rank stuck.
+    """
+
+    def dump_stacks() -> None:
+        while True:
+            signal.sigwait({STACK_SIGNAL})
+            faulthandler.dump_traceback(stacks, all_threads=True)
+
+    threading.Thread(target=dump_stacks, name="shardcheck-stacks", daemon=True).start()
 
 
 class _Rank:

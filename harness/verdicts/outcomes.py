@@ -29,6 +29,7 @@ __all__ = [
     "OutcomeKind",
     "RankFailure",
     "RemoteError",
+    "fatal_dump",
     "format_story",
     "normalize_per_rank",
     "outcome_from_error",
@@ -160,6 +161,11 @@ class Outcome:
             parts.append(_indent(self.error.traceback))
         if self.stacks:
             label = "Python stacks" if self.kind == "hung" else "fatal error dump"
+            if self.kind == "crashed" and "most recent call first" not in self.stacks:
+                label += (
+                    " (no Python frame in it: the crashing thread ran no Python code, such as"
+                    " a native library's own thread, or the rank died while writing it)"
+                )
             parts.append(_indent(f"{label}:\n{self.stacks}"))
         if self.trace:
             parts.append(_indent(f"NCCL flight recorder (last collectives):\n{self.trace}"))
@@ -212,12 +218,27 @@ _SAME = {"raised": "same traceback", "hung": "same stacks", "crashed": "same cra
 
 
 _WATCHDOG = re.compile(
-    r'harness[/\\](?:rank[/\\]worker\.py", line \d+ in watch'
+    r'harness[/\\](?:rank[/\\]worker\.py", line \d+ in (?:watch|dump_stacks)'
     r'|rank[/\\]attached\.py", line \d+ in _watch'
     r'|attach[/\\]__main__\.py", line \d+ in _watch_controller)$',
     re.M,
 )
-_HARNESS_CALL = re.compile(r'harness[/\\]rank[/\\]worker\.py", line \d+ in _call$')
+#: the harness frame that calls the rank function (``JobRunner``'s ``_call``): what is below
+#: it in a dump (the runner, the worker loop, multiprocessing's bootstrap) explains nothing
+_HARNESS_CALL = re.compile(r'harness[/\\]rank[/\\]runner\.py", line \d+ in _call$')
+
+
+_FATAL = "Fatal Python error:"
+
+
+def fatal_dump(text: str) -> str:
+    """The fatal-error part of what a crashed rank's stack file gained during the job: from
+    its last ``Fatal Python error:`` on. The stall probe's samples taken before the crash
+    come earlier in the same file and would read as the crash's stack; a rank killed by a
+    signal ``faulthandler`` does not catch (``SIGKILL``) leaves no such line, and then the
+    last sample is all there is."""
+    start = text.rfind(_FATAL)
+    return text[start:] if start >= 0 else text
 
 
 def tidy_stacks(text: str) -> str:
@@ -365,7 +386,7 @@ def outcome_from_reply(reply: Reply, kinds: tuple[str, ...], elapsed: float) -> 
             exitcode=reply.exitcode,
             detail=reply.detail,
             elapsed=elapsed,
-            stacks=tidy_stacks(reply.stacks),
+            stacks=tidy_stacks(fatal_dump(reply.stacks)),
         )
     elif event.kind == Kind.ERROR:
         outcome = outcome_from_error(reply.rank, event.payload, elapsed)

@@ -7,11 +7,14 @@ import pickle
 from harness import Outcome, RankFailure
 from harness.verdicts.outcomes import (
     RemoteError,
+    fatal_dump,
     format_story,
     normalize_per_rank,
+    outcome_from_reply,
     rank_range,
     tidy_stacks,
 )
+from harness.wire.protocol import Reply
 
 
 def _outcomes() -> list[Outcome]:
@@ -67,10 +70,15 @@ def test_tidy_stacks_drops_the_watchdog_and_harness_frames() -> None:
         '  File "/r/harness/rank/worker.py", line 9 in watch\n'
         '  File "/lib/threading.py", line 9 in run\n'
         "\n"
+        "Thread 0x3 (most recent call first):\n"
+        '  File "/r/harness/rank/worker.py", line 150 in dump_stacks\n'
+        '  File "/lib/threading.py", line 9 in run\n'
+        "\n"
         "Current thread 0x2 (most recent call first):\n"
         '  File "/t/test_x.py", line 5 in spin\n'
-        '  File "/r/harness/rank/worker.py", line 12 in _call\n'
-        '  File "/r/harness/rank/worker.py", line 40 in run_job\n'
+        '  File "/r/harness/rank/runner.py", line 280 in _call\n'
+        '  File "/r/harness/rank/runner.py", line 40 in run_job\n'
+        '  File "/r/harness/rank/worker.py", line 190 in serve\n'
         "\n"
         "Extension modules: numpy (total: 1)\n"
     )
@@ -122,3 +130,30 @@ def test_rank_ranges_are_short() -> None:
     assert normalize_per_rank("rank 3 pid=77 at 0xdeadbeef on 10.0.0.5:29500") == (
         "rank <N> pid=<PID> at <ADDR> on <HOST>"
     )
+
+
+def test_a_crash_shows_its_fatal_dump_not_the_stall_samples_before_it() -> None:
+    sample = (
+        "Current thread 0x2 (most recent call first):\n"
+        '  File "/t/strategy.py", line 7 in make_strategy\n\n'
+    )
+    fatal = (
+        "Fatal Python error: Segmentation fault\n\n"
+        "Current thread 0x2 (most recent call first):\n"
+        '  File "/t/strategy.py", line 31 in gather\n'
+    )
+    assert fatal_dump(sample + fatal) == fatal
+    assert fatal_dump(sample) == sample  # SIGKILL: no fatal error, the last sample stays
+    reply = Reply(1, None, exitcode=-11, stacks=sample + fatal)
+    crashed = outcome_from_reply(reply, (), elapsed=3.8)
+    assert crashed is not None and crashed.kind == "crashed"
+    story = crashed.story()
+    assert "fatal error dump:" in story and "line 31 in gather" in story
+    assert "make_strategy" not in story
+
+
+def test_a_crash_without_python_frames_says_so() -> None:
+    reply = Reply(2, None, exitcode=-11, stacks="Fatal Python error: Segmentation fault\n\n")
+    crashed = outcome_from_reply(reply, (), elapsed=1.0)
+    assert crashed is not None
+    assert "no Python frame in it: the crashing thread ran no Python code" in crashed.story()

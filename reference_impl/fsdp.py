@@ -222,6 +222,7 @@ class FSDPStrategy(ShardedStrategyBase):
             wrapped = self._wrap(module, policy=self.auto_wrap_policy)
             self._keep_buffer_dtypes(wrapped, stored)
         allow_low_precision_shared_grads(wrapped)
+        self.precision.cast_running_stats(wrapped)  # BatchNorm under a low param_dtype
         if checkpointed:
             apply_activation_checkpointing(wrapped, checkpointed)
         wrapped.register_state_dict_pre_hook(lambda root, *_: reregister_frozen_views(root))

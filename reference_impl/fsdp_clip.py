@@ -38,15 +38,32 @@ def fsdp_grad_norm(
     """
     groups, replicated = _local_gradients(root)
     total = _reduce_norms(replicated, norm_type, device)
-    op = dist.ReduceOp.MAX if math.isinf(norm_type) else dist.ReduceOp.SUM
     for group, grads in groups:
         part = _reduce_norms(grads, norm_type, device)
-        dist.all_reduce(part, op=op, group=group)
+        if math.isinf(norm_type):
+            part = _largest_over(part, group)
+        else:
+            dist.all_reduce(part, op=dist.ReduceOp.SUM, group=group)
         total = torch.maximum(total, part) if math.isinf(norm_type) else total + part
     if not math.isinf(norm_type):
         total = total ** (1.0 / norm_type)
     local = [g for _, grads in groups for g in grads] + replicated
     return local, total
+
+
+def _largest_over(part: Tensor, group: Any) -> Tensor:
+    """The largest of the ranks' ``part`` over ``group``, nan if any rank's is nan.
+
+    [Note: a nan through MAX] gloo's MAX all-reduce compares, and ``max(x, nan)`` keeps
+    ``x``: a nan on any rank but the group's first was dropped, so with ``norm_type=inf``
+    the other ranks returned a finite norm, ``error_if_nonfinite=True`` raised on one rank
+    only and the others went on (CLIP-1). The nan travels as a flag of its own instead, in
+    the same reduction.
+    """
+    is_nan = torch.isnan(part)
+    stats = torch.stack([torch.where(is_nan, torch.zeros_like(part), part), is_nan.to(part.dtype)])
+    dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=group)
+    return torch.where(stats[1] > 0, torch.full_like(part, float("nan")), stats[0])
 
 
 def _local_gradients(root: FSDP) -> tuple[list[tuple[Any, list[Tensor]]], list[Tensor]]:

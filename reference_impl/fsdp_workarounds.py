@@ -40,7 +40,8 @@ def callable_policy_as_selection(
     (measured, torch 2.13). Replaying the policy's own recursion (``select``, as FSDP1 does
     without mixed precision) and handing FSDP1 the result as a ``CustomPolicy`` keeps the
     units the policy picks (WRAP-1); FSDP1 still wraps its mixed-precision-ignored classes
-    individually on that path.
+    individually on that path, of which the reference's configs name none (see [Note:
+    running statistics compute in the parameters' dtype] in ``reference_impl/precision.py``).
 
     Args:
         root: the unwrapped model.

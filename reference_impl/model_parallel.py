@@ -178,6 +178,7 @@ class ModelParallelStrategy(ShardedStrategyBase):
         self._check_precision_policy(result)
         if meta_init.has_meta_tensors(result):
             ops.materialize(result, self.root_device)
+        self.precision.cast_running_stats(result)  # BatchNorm under FSDP2's param_dtype
         self._modules.append(result)
         return result
 
@@ -299,8 +300,17 @@ class ModelParallelStrategy(ShardedStrategyBase):
 
         Raises:
             TypeError: ``module`` has no DTensor parameters (not set up by this strategy).
+            ValueError: ``norm_type`` is not a norm's order (0, negative, nan).
             RuntimeError: the norm is not finite and ``error_if_nonfinite`` is true.
         """
+        # [Note: norm_type 0] torch.nn.utils.get_total_norm takes norm_type=0 (a count of the
+        # non-zero elements, not a norm) and this method used to pass it on: the "norm" it
+        # returned was the count of non-zero per-group norms, and clipping scaled the
+        # gradients by max_norm over it. CLIP-1 refuses 0, negative orders and nan with
+        # ValueError, as the fsdp family already did, before anything is unscaled or scaled.
+        norm_type = float(norm_type)
+        if not (norm_type > 0):
+            raise ValueError(f"norm_type={norm_type!r} must be positive (or math.inf).")
         params = list(module.parameters())
         if not any(isinstance(p, DTensor) for p in params):
             raise TypeError(
@@ -310,7 +320,7 @@ class ModelParallelStrategy(ShardedStrategyBase):
             )
         self.precision.unscale_gradients(optimizer, module)
         grads = [p.grad for p in params if p.grad is not None]
-        total = ops.grad_norm(grads, float(norm_type), self.root_device)
+        total = ops.grad_norm(grads, norm_type, self.root_device)
         if error_if_nonfinite and not torch.isfinite(total):
             raise RuntimeError(
                 f"The total norm of order {norm_type} of the gradients is {total.item()} (not "

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Generator
 from typing import Any
 
@@ -79,6 +80,8 @@ def grad_norm(grads: list[Tensor], norm_type: float, device: torch.device) -> Te
         norm_type: the p of the p-norm (``math.inf`` for the max norm).
         device: the rank's device, where the float32 result lives.
     """
+    if math.isinf(norm_type):
+        return _agree(_local_largest(grads, device))
     groups: dict[Any, list[Tensor]] = {}
     for grad in grads:
         key = (grad.device_mesh, grad.placements) if isinstance(grad, DTensor) else None
@@ -94,23 +97,59 @@ def grad_norm(grads: list[Tensor], norm_type: float, device: torch.device) -> Te
     return _agree(torch.linalg.vector_norm(torch.stack(norms), norm_type))
 
 
+def _local_largest(grads: list[Tensor], device: torch.device) -> Tensor:
+    """The largest absolute value of this rank's parts of ``grads`` (0 when it holds none),
+    as float32 on ``device``; nan if a part holds nan.
+
+    [Note: inf norm of empty shards] The max norm of the whole gradient is the largest of
+    every rank's local largest values, whatever the placements: a replicated part counted
+    twice changes no maximum. torch's ``get_total_norm`` on DTensors raised instead on a rank
+    whose local shard is empty (``linalg.vector_norm cannot compute the inf norm on an empty
+    tensor``: a one-element parameter over two data-parallel ranks), and the other ranks
+    then waited in the reduction (CLIP-1 with ``norm_type=inf``). The local largest values
+    are reduced by :func:`_agree`, which also carries a nan through.
+    """
+    largest = [
+        (g.to_local() if isinstance(g, DTensor) else g).detach().abs().max().float().to(device)
+        for g in grads
+        if (g.to_local() if isinstance(g, DTensor) else g).numel() > 0
+    ]
+    if not largest:
+        return torch.zeros((), dtype=torch.float32, device=device)
+    return torch.stack(largest).max()
+
+
 def _agree(total: Tensor) -> Tensor:
-    """Make every rank return the same norm, non-finite if any rank's is (one all-reduce).
+    """Make every rank return the same norm, the largest of the ranks' ``total`` and
+    non-finite if any rank's is (one all-reduce).
 
     [Note: one verdict] A 1-D DTensor on the data-parallel submesh is reduced within its
     submesh only; if one replica's gradient went non-finite, ranks of other submeshes would
     not see it and would go on while it raises. The MAX over the world of
-    ``(finite norm or 0, non-finite flag)`` gives one value and one verdict everywhere.
+    ``(finite norm or 0, inf flag, nan flag)`` gives one value and one verdict everywhere:
+    nan if any rank's norm is nan, else inf if any is inf, as torch's norm of the whole
+    gradient is. It used to return a rank's own non-finite total where it had one and nan
+    on the others: with ``error_if_nonfinite=False`` a poisoned rank returned inf and the
+    rest nan, and they scaled their gradients by 0 and by nan (CLIP-1 wants one value, and
+    torch's scaling, everywhere; the max norm's local values of :func:`_local_largest` met it
+    on every mesh, the submesh reductions above on a 2-D mesh). A MAX reduction of a nan
+    itself may drop it (a backend's ``max`` compares), so nan travels as a flag.
     """
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return total
-    finite = bool(torch.isfinite(total))
+    is_nan, is_inf = bool(torch.isnan(total)), bool(torch.isinf(total))
     stats = torch.stack(
-        [total if finite else torch.zeros_like(total), 1.0 - total.new_tensor(finite)]
+        [
+            torch.zeros_like(total) if is_nan or is_inf else total,
+            total.new_tensor(float(is_inf)),
+            total.new_tensor(float(is_nan)),
+        ]
     )
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+    if stats[2] > 0:
+        return torch.full_like(total, float("nan"))
     if stats[1] > 0:
-        return total if not finite else torch.full_like(total, float("nan"))
+        return torch.full_like(total, float("inf"))
     return stats[0]
 
 

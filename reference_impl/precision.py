@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.nn.modules.batchnorm import _NormBase
 from torch.optim import Optimizer
 
 __all__ = [
@@ -70,6 +71,63 @@ def _cast_floating(data: Any, dtype: torch.dtype) -> Any:
     return data
 
 
+def running_stats_modules(module: nn.Module) -> list[nn.Module]:
+    """The modules of ``module`` that keep running statistics (BatchNorm, InstanceNorm with
+    ``track_running_stats``): floating buffers their forward updates in training mode."""
+    return [m for m in module.modules() if isinstance(m, _NormBase) and m.track_running_stats]
+
+
+class _RunningStatsCast:
+    """Forward hooks of one module with running statistics: its floating buffers take the
+    dtype its parameters compute in for the call, and what the call wrote goes back into
+    the stored buffers.
+
+    [Note: running statistics compute in the parameters' dtype] Under a mixed precision
+    the sharded parameters of a BatchNorm reach its forward in the low dtype (FSDP1's
+    ``param_dtype``, FSDP2's ``MixedPrecisionPolicy``), while its running statistics stay at
+    their stored float32 (buffer_dtype=None: see [Note: buffers stay at their stored
+    dtype]). ``batch_norm`` refuses that mix ("expected scalar type BFloat16 but found
+    Float": a low weight needs low running statistics), so a model with a BatchNorm could
+    not run a step. FSDP1's own answer, a unit of its own with mixed precision off for
+    every ``_BatchNorm`` (``MixedPrecision._module_classes_to_ignore``), applies only with an
+    auto-wrap policy and adds units the policy did not pick (WRAP-1), and FSDP2 has none. So
+    the strategy casts such a module's floating buffers to its parameters' dtype around its
+    forward, as a buffer dtype of the low precision would, and afterwards writes every
+    buffer the forward changed back into the stored float32 tensor: every one of them, the
+    running mean and the running variance alike. A cast back that restores one buffer of a
+    module only leaves the others in the low dtype, in the state dict too, or drops their
+    update (the class of pytorch/pytorch#93391, "FSDP state_dict transformations of modules
+    with persistent buffers fail with mixed precision enabled": FSDP1's state-dict hook
+    iterated with a stale variable, so a module with several persistent buffers did not get
+    each of them transformed back). A buffer the
+    forward did not change keeps its stored value to the bit (PREC-4), and integer buffers
+    (``num_batches_tracked``) are never cast. The statistics are thus updated in the
+    compute dtype, as the rest of the forward is, and checkpoints hold them at their
+    stored dtype.
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[Tensor, Tensor]] = {}
+
+    def before(self, module: nn.Module, args: Any) -> None:
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, Tensor) or not weight.is_floating_point():
+            return
+        for name, buffer in module._buffers.items():
+            if buffer is not None and buffer.is_floating_point() and buffer.dtype != weight.dtype:
+                low = buffer.to(weight.dtype)
+                self._held[name] = (buffer, low)
+                module._buffers[name] = low
+
+    def after(self, module: nn.Module, args: Any, output: Any) -> None:
+        held, self._held = self._held, {}
+        with torch.no_grad():
+            for name, (stored, low) in held.items():
+                if not torch.equal(low, stored.to(low.dtype)):  # the forward wrote it
+                    stored.copy_(low)
+                module._buffers[name] = stored
+
+
 class Precision:
     """Base precision plugin: the ``32-true`` behaviour, parametrized by dtypes.
 
@@ -89,6 +147,7 @@ class Precision:
     def __init__(self) -> None:
         self.device_type: str = "cpu"
         self._scaler: ShardedGradScaler | None = None
+        self._hooks: list[Any] = []
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
@@ -125,6 +184,17 @@ class Precision:
     def convert_input(self, data: Any) -> Any:
         """Cast floating-point tensors in ``data`` to the dtype the module expects."""
         return _cast_floating(data, self.param_dtype)
+
+    def cast_running_stats(self, module: nn.Module) -> None:
+        """Let every module of ``module`` with running statistics compute them in the dtype
+        its parameters reach the forward in, and keep them stored as they were (see
+        [Note: running statistics compute in the parameters' dtype]). Strategies call it
+        on the module they set up; the hooks go at :meth:`teardown`.
+        """
+        for sub in running_stats_modules(module):
+            cast = _RunningStatsCast()
+            self._hooks.append(sub.register_forward_pre_hook(cast.before))
+            self._hooks.append(sub.register_forward_hook(cast.after, always_call=True))
 
     def mixed_precision_config(self) -> MixedPrecision | None:
         """FSDP1 ``MixedPrecision`` for this mode, or ``None`` when none is needed.
@@ -191,7 +261,10 @@ class Precision:
             self._scaler.load_state_dict(dict(state_dict))
 
     def teardown(self) -> None:
-        """Release what the plugin holds (nothing for most modes)."""
+        """Release what the plugin holds: the running-statistics hooks (and the scaler)."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
 
 
 class FP32Precision(Precision):
@@ -233,11 +306,14 @@ class _MixedPrecision(Precision):
         # the first forward and every checkpoint after it would carry the rounded value
         # (seen in the cross-family round trip, CKPT-RT-6). The precision's buffer dtype is
         # therefore the stored one (buffer_dtype=None); autocast still computes in the low
-        # dtype (PREC-2, PREC-4).
+        # dtype (PREC-2, PREC-4). No module class is exempted from the low param dtype
+        # (FSDP1 exempts _BatchNorm by default, with units of their own that no policy
+        # picked: WRAP-1); see [Note: running statistics compute in the parameters' dtype].
         return MixedPrecision(
             param_dtype=self.compute_dtype,
             reduce_dtype=self.compute_dtype,
             buffer_dtype=None,
+            _module_classes_to_ignore=(),
         )
 
     def mixed_precision_policy(self) -> MixedPrecisionPolicy | None:
@@ -260,6 +336,7 @@ class FP16MixedPrecision(_MixedPrecision):
             self._scaler = ShardedGradScaler(device=self.device_type)
 
     def teardown(self) -> None:
+        super().teardown()
         self._scaler = None
 
 

@@ -16,6 +16,7 @@ import torch
 
 from harness import max_world_size, run_on_ranks
 from harness.verdicts.attribution import tag
+from suites.lib.controller.dispatch import report
 from suites.lib.controller.oracles import (
     assert_close,
     assert_close_state,
@@ -31,6 +32,7 @@ from suites.lib.ranks.api_probes import (
     MP_PRECISIONS,
     PRECISIONS,
     SPEC,
+    probe_arguments,
     scenario_of,
     surface_rank,
 )
@@ -69,8 +71,13 @@ def _observed(family: str) -> list[dict[str, Any]]:
 
 
 def _values(family: str, probe: str) -> list[Any]:
-    """Each rank's value of ``probe``; fails with every rank's traceback if one raised."""
+    """Each rank's value of ``probe``; fails with every rank's traceback if one raised. A
+    probe that passes arguments of the contract's methods reports them for the running check
+    (with the family), as a job dispatched on its own would."""
     records = [ranks[probe] for ranks in _observed(family)]
+    passed = probe_arguments(probe, world_of(family))
+    if passed and all(kind != "unsupported" for kind, _ in records):
+        report({"family": (family,), **passed})
     for kind, value in records:
         if kind == "unsupported":
             raise value

@@ -96,6 +96,11 @@ def test_filter_selects_entries_of_full_saves_only(family: str, tmp_path: Path) 
         assert out["nested"] == ["epoch", "lrs", "t"] and out["optimizer"], (
             f"CKPT-SAVE-5: {what}: other entries wrongly filtered: nested={out['nested']}"
         )
+        whole = {"model": every, "nested": ["epoch", "lrs", "name", "t"], "optimizer": True}
+        assert out["unfiltered"] == whole, (
+            f"CKPT-SAVE-5: {what}: filter=None must keep every entry; the full file holds "
+            f"{out['unfiltered']}"
+        )
         check_refusal(
             out["sharded"],
             ("NotImplementedError",),

@@ -6,10 +6,22 @@ was saved with torch's own gathered-state APIs, load into fresh objects (another
 learning rate), read again, then take one more step with both and compare. Moved state is
 compared bitwise; the on-disk format is checked against MP-3 / ``state_dict_type``. The job
 and its comparisons live in ``suites/lib`` (the configuration cover runs them too).
+
+The round trip holds whenever the save comes. :func:`test_round_trip_at_every_moment` saves
+the same objects at each moment of the ``moment`` axis (:data:`suites.lib.shared.axes.MOMENTS`)
+in one job per family (fsdp in the full format, model_parallel in the sharded one), in every
+profile: before the first optimizer step (the optimizer has no state, and must have none
+after the save and in fresh objects loading it; one step from there is the live run's first
+step), a second save after more training (it loads as itself, not as the first save), and a
+save between the micro-batches of a step (it loads as the state before that step; the live
+step goes on as without it); the live run is compared with the plain twin. A drawn plan of 0
+steps (``dev``, ``nightly``) saves before the first step too, and its optimizer must read
+empty after the save and after the load.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from typing import Any
 
@@ -17,11 +29,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from suites.lib.controller.checkpoint_checks import check_on_disk, check_round_trip
+from harness.run.session import current
+from suites.lib.controller.checkpoint_checks import check_moments, check_on_disk, check_round_trip
 from suites.lib.controller.checkpoint_plans import ckpt_plans
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.scenarios import examples
+from suites.lib.controller.session_draws import covering_scenario
 from suites.lib.ranks.checkpoint_jobs import path_for, round_trip_rank
+from suites.lib.ranks.checkpoint_moment_jobs import moments_rank
+from suites.lib.shared.axes import MOMENTS, moment_pairs
+from suites.lib.shared.checkpoint_specs import CkptPlan
 
 COMMON = ("CKPT-SAVE-4", "CKPT-LOAD-2", "CKPT-STRICT-3", "CKPT-BUF-1")
 
@@ -47,3 +64,45 @@ def test_round_trip_at_one_world_size(
     check_on_disk(plan, path_for(directory, fmt))
     for rank, out in enumerate(results):
         check_round_trip(plan, out, rank)
+
+
+def moments_plan(family: str, fmt: str) -> CkptPlan:
+    """The moments' plan: the scripted session's scenario at world size 2 (fsdp
+    SHARD_GRAD_OP with Block units, fp32 Adam in two groups; model_parallel tensor parallel,
+    bf16-mixed AdamW with weight decay), loaded with the same options into objects of another
+    seed and learning rate (a loader that does nothing is caught)."""
+    save = covering_scenario(family, 2)
+    load = dataclasses.replace(
+        save,
+        model=dataclasses.replace(save.model, seed=save.model.seed + 1000),
+        optim=dataclasses.replace(save.optim, lr=save.optim.lr * 2),
+    )
+    # the save after step 1 is a second save and a save after a step: all four moments
+    return CkptPlan(save, fmt, load, moments=MOMENTS)
+
+
+def _moment_param(family: str, fmt: str) -> Any:
+    clauses: tuple[str, ...] = ("CKPT-RT-1" if fmt == "full" else "CKPT-RT-2", "CKPT-STRICT-3")
+    if family == "model_parallel":
+        clauses += ("MP-3",)
+    return pytest.param(family, fmt, id=f"{family}-{fmt}", marks=pytest.mark.clause(*clauses))
+
+
+#: a job per family, in a format each: every moment meets both families and both formats (an
+#: fsdp full save and a model_parallel sharded one: the gathered state of FSDP1 units, the
+#: DTensor shards of tensor parallelism); about what three plain round trips cost
+MOMENT_CASES = (("fsdp", "full"), ("model_parallel", "sharded"))
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("family,fmt", [_moment_param(f, m) for f, m in MOMENT_CASES])
+def test_round_trip_at_every_moment(
+    family: str, fmt: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    plan = moments_plan(family, fmt)
+    # the moments beside the family and format this job takes (the configuration cover does
+    # not report moments: a clause that does not speak of them is not asked to reach them)
+    values = {"family": {family}, "checkpoint": {fmt}}
+    current().note_universe(moment_pairs(plan.moments, values))
+    directory = tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp())
+    check_moments(plan, run(moments_rank, plan, directory, world_size=plan.save.world_size))

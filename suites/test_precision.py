@@ -27,6 +27,7 @@ from suites.lib.controller.scenarios import scenarios, train_plans
 from suites.lib.controller.tolerances import EXACT
 from suites.lib.ranks.precision_jobs import buffer_rank, dtype_rank, skip_rank
 from suites.lib.ranks.training import train_rank
+from suites.lib.shared.models import build_model
 from suites.lib.shared.specs import Scenario
 
 FAMILIES = st.sampled_from(["fsdp", "model_parallel"])
@@ -128,6 +129,7 @@ def test_grad_scaler_skips_the_step_on_every_rank(scenario: Scenario) -> None:
         sharding=SHARDINGS,
         precisions=("32-true", "bf16-mixed", "16-mixed", "bf16-true"),
         scale=True,
+        running_stats=None,
     )
 )
 def test_buffers_compute_low_but_are_saved_as_stored(scenario: Scenario) -> None:
@@ -137,8 +139,21 @@ def test_buffers_compute_low_but_are_saved_as_stored(scenario: Scenario) -> None
     compute = {str(want["compute"]), str(want["stored"])}
     compute = {c.replace("torch.", "") for c in compute}
     stored = (str(want["stored"]), (scenario.model.hidden,))
-    initial = reference_run(scenario, steps=0).initial["scale.scale"]
+    start = reference_run(scenario, steps=0).initial
+    initial = start["scale.scale"]
+    plain = build_model(scenario.model, "meta")
+    persistent = {n: b for n, b in plain.named_buffers() if n in plain.state_dict()}
     for rank, out in enumerate(run(buffer_rank, scenario, world_size=scenario.world_size)):
+        # every persistent buffer (a BatchNorm's mean, variance and counter too) as stored
+        for name, b in persistent.items():
+            dtype = str(want["stored"]) if b.is_floating_point() else str(b.dtype)
+            assert out["layout"].get(name) == (dtype, tuple(b.shape)), (
+                f"rank {rank}: the state dict holds {name!r} as {out['layout'].get(name)}, "
+                f"stored as {(dtype, tuple(b.shape))}"
+            )
+        for name, count in out["counters"].items():  # one training forward: one update
+            expected = start[name] + int(name.endswith("num_batches_tracked"))
+            assert_close(count, expected, EXACT, name=f"rank {rank}: counter {name!r}")
         assert out["seen"] in compute, (
             f"rank {rank}: the buffer 'scale.scale' was {out['seen']} during the forward; "
             f"{scenario.precision} computes with buffers in {sorted(compute)}"

@@ -10,6 +10,7 @@ The reference is the plain model trained in the controller
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -25,6 +26,7 @@ from suites.lib.controller.oracles import (
     assert_parity,
     reference_model,
     reference_run,
+    scenario_tolerance,
 )
 from suites.lib.controller.regressions import (
     CLIP_FSDP2,
@@ -46,11 +48,39 @@ from suites.lib.ranks.training_jobs import (
     nonfinite_rank,
     type_error_rank,
 )
+from suites.lib.shared.arguments import DECLARED
 from suites.lib.shared.models import make_batch
 from suites.lib.shared.specs import Scenario, TrainPlan
 
 FAMILIES = st.sampled_from(["fsdp", "model_parallel"])
 SHARDED = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
+#: the norm types CLIP-1 speaks of (harness.clauses.ARGUMENTS), as clip_gradients_norm takes them
+NORM_TYPES = tuple(float(value) for value in DECLARED["norm_type"])
+#: the max_norm the non-finite check clips to
+NONFINITE_MAX_NORM = 1e-3
+
+
+def _clip_arguments(plans: st.SearchStrategy[TrainPlan]) -> st.SearchStrategy[TrainPlan]:
+    """``plans`` passing a declared ``norm_type`` and either ``error_if_nonfinite``."""
+    return st.builds(
+        lambda plan, norm_type, error: dataclasses.replace(
+            plan, norm_type=norm_type, error_if_nonfinite=error
+        ),
+        plans,
+        st.sampled_from(NORM_TYPES),
+        st.booleans(),
+    )
+
+
+def _clipped(scenario: Scenario) -> Scenario:
+    """``scenario`` clipping to 0.05 before each step (its norm type as it carries it)."""
+    return dataclasses.replace(scenario, plan=dataclasses.replace(scenario.plan, clip=0.05))
+
+
+def _clip_precisions(scenario: Scenario) -> bool:
+    """The precisions the clipping check draws: fp32 and, for fsdp, the scaled 16-mixed."""
+    allowed = ("32-true", "16-mixed") if scenario.family == "fsdp" else ("32-true",)
+    return scenario.precision in allowed
 
 
 @pytest.mark.clause("TRAIN-1")
@@ -168,13 +198,16 @@ def test_a_module_that_is_not_a_sharded_root_is_refused(family: str, which: str)
 
 
 @pytest.mark.clause("CLIP-1")
+# every norm_type and error_if_nonfinite (harness.clauses.ARGUMENTS) on each family, by
+# construction; the configurations are the whole-configuration-space rows'
+@covering_examples("CLIP-1", keep=_clip_precisions, adapt=_clipped, configurations=False)
 @given(
     FAMILIES.flatmap(
         lambda family: scenarios(
             family,
             sharding=SHARDING_STRATEGIES,
             precisions=("32-true", "16-mixed") if family == "fsdp" else ("32-true",),
-            plan=train_plans(clip=True),
+            plan=_clip_arguments(train_plans(clip=True)),
         )
     )
 )
@@ -186,22 +219,88 @@ def test_clipping_uses_the_global_norm(scenario: Scenario) -> None:
         assert r.norms == results[0].norms, (
             f"rank {r.rank} returned norms {r.norms}, rank 0 {results[0].norms}"
         )
-    assert_parity(results, scenario, norms=True, grads=True)
+    # the norms first: a wrong one changes every loss and parameter after it
+    ref = reference_run(scenario)
+    for r in results:
+        assert_close(
+            torch.tensor(r.norms),
+            torch.tensor(ref.norms),
+            scenario_tolerance(scenario),
+            name=f"rank {r.rank}: clip norms of norm_type={scenario.plan.norm_type}",
+        )
+    assert_parity(results, scenario, ref, grads=True)
+
+
+def _unsharded_norm(scenario: Scenario, poison: float) -> float:
+    """What ``torch.nn.utils.clip_grad_norm_`` returns on the unsharded model's gradients of
+    the first micro-batch with one element set to ``poison``, with the scenario's
+    ``norm_type`` and ``error_if_nonfinite=False`` (after checking that with True it raises)."""
+    grads = [g for g in _local_grads(scenario, 0).values() if g.numel() > 0]
+    grads[0].view(-1)[0] = poison
+    holders = []
+    for grad in grads:
+        holder = torch.zeros_like(grad)
+        holder.grad = grad
+        holders.append(holder)
+    norm_type = scenario.plan.norm_type
+    with pytest.raises(RuntimeError):
+        torch.nn.utils.clip_grad_norm_(holders, NONFINITE_MAX_NORM, norm_type, True)
+    norm = torch.nn.utils.clip_grad_norm_(
+        holders, NONFINITE_MAX_NORM, norm_type, error_if_nonfinite=False
+    )
+    return float(norm)
+
+
+def _same_float(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
 
 
 @pytest.mark.clause("CLIP-1")
-@given(FAMILIES.flatmap(lambda family: scenarios(family, sharding=SHARDING_STRATEGIES)))
+# every norm_type on each family, by construction (the job passes both error_if_nonfinite)
+@covering_examples("CLIP-1", keep=lambda s: s.precision == "32-true", configurations=False)
+@given(
+    FAMILIES.flatmap(
+        lambda family: scenarios(
+            family, sharding=SHARDING_STRATEGIES, plan=_clip_arguments(train_plans())
+        )
+    )
+)
 def test_a_nonfinite_norm_raises_on_every_rank_and_leaves_gradients(scenario: Scenario) -> None:
     outs = run(nonfinite_rank, scenario, world_size=scenario.world_size)
+    norm_type = scenario.plan.norm_type
     for rank, out in enumerate(outs):
-        assert out["raised"].startswith("RuntimeError"), (
-            f"rank {rank}: a non-finite total norm with error_if_nonfinite=True gave "
-            f"{out['raised']!r}, expected RuntimeError on every rank"
+        assert out["zero"].startswith("ValueError") and "0" in out["zero"], (
+            f"rank {rank}: norm_type=0 is no norm: clip_gradients_norm must raise ValueError "
+            f"naming it; it gave {out['zero']!r}"
         )
-        assert out["unchanged"], f"rank {rank}: gradients were scaled although the norm is inf"
-        assert not torch.isfinite(torch.tensor(out["norm"])), (
-            f"rank {rank}: error_if_nonfinite=False returned a finite norm {out['norm']}"
-        )
+        assert out["zero_unchanged"], f"rank {rank}: the refused norm_type=0 changed gradients"
+    for poison in ("inf", "nan"):
+        expected = _unsharded_norm(scenario, float(poison))
+        coef = torch.clamp(NONFINITE_MAX_NORM / (torch.tensor(expected) + 1e-6), max=1.0)
+        for rank, out in enumerate(outs):
+            seen = out[poison]
+            where = f"rank {rank}, a gradient holding {poison}, norm_type={norm_type}"
+            assert seen["raised"].startswith("RuntimeError"), (
+                f"{where}: a non-finite total norm with error_if_nonfinite=True gave "
+                f"{seen['raised']!r}, expected RuntimeError on every rank"
+            )
+            assert seen["unchanged"], (
+                f"{where}: gradients were scaled although the norm is not finite"
+            )
+            assert _same_float(seen["norm"], expected), (
+                f"{where}: error_if_nonfinite=False returned {seen['norm']}; "
+                f"torch.nn.utils.clip_grad_norm_ on the unsharded gradients returns {expected}"
+            )
+            pairs = zip(seen["before"], seen["after"], strict=True)
+            for index, (before, after) in enumerate(pairs):
+                wanted = before * coef.to(before.dtype)
+                assert torch.equal(after.isnan(), wanted.isnan()) and torch.equal(
+                    after.nan_to_num(), wanted.nan_to_num()
+                ), (
+                    f"{where}: with error_if_nonfinite=False local gradient {index} became "
+                    f"{after.reshape(-1)[:4].tolist()}...; torch scales it by {coef.item()} "
+                    f"(min(1, max_norm / (norm + 1e-6))): {wanted.reshape(-1)[:4].tolist()}..."
+                )
 
 
 @pytest.mark.clause("INIT-1")

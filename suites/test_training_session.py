@@ -9,9 +9,10 @@ embeddings, eager or meta-device init), its checkpoint format, one trainable par
 optimizer is built without, and trains a step or two so that what follows meets optimizer
 state. Its rules are the operations of a real run: ``train`` (1-3 micro-batches under
 ``no_backward_sync``, optional clipping, then ``model.zero_grad()``), ``freeze``,
-``unfreeze``, ``add_group`` (the held-back parameter), ``save``, ``load_live`` (strict or
-not), ``load_fresh`` (fresh objects of the checkpoint's family at a drawn world size, options
-and format), ``convert`` (a sharded checkpoint converted offline to a full one, loaded into
+``unfreeze``, ``add_group`` (the held-back parameter), ``save``, ``save_mid_step`` (a save
+between the micro-batches of a step, gradients pending), ``load_live`` (strict or not),
+``load_fresh`` (fresh objects of the checkpoint's family at a drawn world size, options and
+format), ``convert`` (a sharded checkpoint converted offline to a full one, loaded into
 fresh objects: CKPT-RT-4), ``load_other_family`` (a full checkpoint loaded into fresh objects
 of the other family: CKPT-RT-6) and ``rebuild`` (save, tear down, set up again, load).
 
@@ -28,8 +29,10 @@ precision the session trained in (step counts exactly), under the clause the rul
 cross-family load). Hypothesis shrinks a failing session to its shortest op sequence and
 prints it. After the drawn sessions, a scripted session per family
 (:func:`~suites.lib.controller.session_driver.scripted_session`) runs every rule, both
-directions of the cross-family load included, on a demanding scenario; the test prints the
-rules run per family and fails if one never ran.
+directions of the cross-family load included, on a demanding scenario, and saves at every
+moment of the ``moment`` axis (before the first step, a second save after more training,
+mid-accumulation), each loaded back; the test prints the rules run per family and fails if
+one never ran.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from harness.run.session import current
 from suites.lib.controller.checkpoint_plans import FAMILIES
 from suites.lib.controller.clause_covers import covering_rows
 from suites.lib.controller.covering import CoverRow
@@ -62,6 +66,7 @@ from suites.lib.controller.session_draws import (
     session_start,
 )
 from suites.lib.controller.session_driver import (
+    SHORT_MOMENTS,
     Micro,
     SessionDriver,
     scripted_session,
@@ -69,6 +74,7 @@ from suites.lib.controller.session_driver import (
     trainable,
 )
 from suites.lib.ranks.session_jobs import checkpoint_path, segment_rank, setup_probe_rank
+from suites.lib.shared.axes import MOMENTS, moment_pairs, scenario_axes
 from suites.lib.shared.checkpoint_specs import FORMATS
 
 
@@ -141,6 +147,14 @@ class TrainingSession(SessionDriver, RuleBasedStateMachine):
         """Save in the session's format (drawn at the start and at each fresh load)."""
         self.started += 1
         self.do_save()
+
+    @rule(micro=st.tuples(st.sampled_from((2, 3)), st.sampled_from((None, 0.5))))
+    def save_mid_step(self, micro: Micro) -> None:
+        """One optimizer step whose micro-batches are interrupted by a save after the first
+        (gradients accumulated, the step not taken): the checkpoint holds the state before
+        the step, and the step goes on as if nothing was saved."""
+        self.started += 1
+        self.do_save_mid_step(micro)
 
     @precondition(lambda self: bool(self._names(family=self.segment.scenario.family)))
     @rule(strict=st.booleans(), data=st.data())
@@ -226,6 +240,10 @@ def _sessions() -> int:
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.timeout(max(300, SECONDS_PER_SESSION * (_sessions() + 2)))
 def test_training_session_tracks_the_plain_twin(family: str) -> None:
+    # the moments the scripted session saves at, in its sharded format (after a step and a
+    # second save are declared beside every value by the short covering sessions below)
+    values = {"family": {family}, "checkpoint": {"sharded"}}
+    current().note_universe(moment_pairs(MOMENTS[1:], values))
     COUNTS.clear()
     began = time.monotonic()
     machine = type(f"TrainingSession_{family}", (TrainingSession,), {"family": family})
@@ -259,7 +277,11 @@ def test_training_session_across_the_space(row: CoverRow) -> None:
     """A short session (freeze after training, unfreeze, an added group, a save, a live
     load, and the end state loaded fresh) on each of TRAIN-4's covering configurations, so
     that every value of every axis in the clause's scope reaches it in every profile; the
-    drawn sessions above mix the rules."""
+    drawn sessions above mix the rules. Its saves' moments (after a step, a second save)
+    meet every value too: declared, they keep every value inside the scope of the clauses
+    that name the moment axis (CKPT-RT-1/2 too)."""
+    values = {axis: set(v) for axis, v in scenario_axes(row.scenario, row.fmt).items()}
+    current().note_universe(moment_pairs(SHORT_MOMENTS, values))
     short_session(TrainingSession, row.scenario, row.fmt)
 
 
@@ -267,5 +289,7 @@ def test_training_session_across_the_space(row: CoverRow) -> None:
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_training_session_regressions(fmt: str) -> None:
     """The short session on configurations where a strategy once failed a session (see
-    :mod:`suites.lib.controller.regressions`)."""
-    short_session(TrainingSession, SESSION_16_MIXED_CLIP, fmt)
+    :mod:`suites.lib.controller.regressions`). It reports no moment: CLIP-1 does not speak of
+    them."""
+    quiet = type("RegressionSession", (TrainingSession,), {"note_moments": False})
+    short_session(quiet, SESSION_16_MIXED_CLIP, fmt)

@@ -10,6 +10,8 @@ import pytest
 
 from harness.clauses import (
     ALL_CLAUSES,
+    ARGUMENT_AXES,
+    ARGUMENTS,
     CLAUSES,
     SECTIONS,
     UnknownClauseError,
@@ -78,3 +80,26 @@ def test_the_command_line_prints_and_refuses() -> None:
         [sys.executable, "-m", "harness.clauses", "SYNC-9"], capture_output=True, text=True
     )
     assert bad.returncode == 2 and "no clause matches 'SYNC-9'" in bad.stderr
+
+
+def test_every_argument_axis_is_a_parameter_of_its_contract_method() -> None:
+    import inspect
+
+    from harness.contract import Strategy
+
+    for argument in ARGUMENTS:
+        method = getattr(Strategy, argument.method)
+        assert argument.name in inspect.signature(method).parameters, argument
+        assert len(argument.values) == len(set(argument.values)) >= 2, argument
+
+
+def test_clause_scopes_name_declared_argument_values_and_own_every_one() -> None:
+    declared = {a.name: set(a.values) for a in ARGUMENTS}
+    owned: dict[str, set[str]] = {name: set() for name in declared}
+    for clause in CLAUSES.values():
+        for axis, allowed in clause.scope:
+            if axis in ARGUMENT_AXES:
+                assert set(allowed) <= declared[axis], (clause.id, axis, allowed)
+                owned[axis] |= set(allowed)
+    assert owned == declared  # each legal value is some clause's business
+    assert dict(CLAUSES["CLIP-1"].scope)["norm_type"] == ("2", "1", "inf", "1.5")

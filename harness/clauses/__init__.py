@@ -6,19 +6,26 @@ failing clause's text), the clause-coverage test, ``pytest --list-clauses`` and
 
     from harness.clauses import CLAUSES, SECTIONS, clause_text
     clause_text("CKPT-RT-3")   # -> "Resharding: in either format, ..."
+
+The arguments of the contract's methods that take more than one legal value are axes too
+(:mod:`harness.clauses.arguments`): a clause's ``scope`` names those it speaks of.
 """
 
 from __future__ import annotations
 
 from harness.clauses.api_and_training import API, CONSTRUCTION, SHARDING, TRAINING
+from harness.clauses.arguments import ARGUMENT_AXES, ARGUMENTS, Argument
 from harness.clauses.checkpoints import CHECKPOINTS, MODEL_PARALLEL
 from harness.clauses.registry import Clause, Section, UnknownClauseError, build_index, match_ids
 
 __all__ = [
     "ALL_CLAUSES",
+    "ARGUMENTS",
+    "ARGUMENT_AXES",
     "CLAUSES",
     "PREAMBLE",
     "SECTIONS",
+    "Argument",
     "Clause",
     "Section",
     "UnknownClauseError",

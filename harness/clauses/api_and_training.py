@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from harness.clauses.checkpoints import MOMENTS
 from harness.clauses.registry import Clause, Section
 
 __all__ = ["API", "CONSTRUCTION", "SHARDING", "TRAINING"]
@@ -33,6 +34,7 @@ API = Section(
             "materializes them, calling `reset_parameters()` once on every module that directly "
             "owns parameters or buffers. With `empty_init` False or None, parameters are real "
             "tensors initialized as usual.",
+            scope=(("empty_init", ("None", "True", "False")),),
         ),
         Clause(
             "API-4",
@@ -45,7 +47,9 @@ API = Section(
             '`all_reduce(tensor, group=None, reduce_op=...)` with `reduce_op` `"mean"` or '
             '`"sum"` (passed by keyword) reduces over the whole world and returns anything '
             "that is not a tensor as it came. `broadcast(obj, src)` gives every rank the "
-            "picklable object of rank `src`. `barrier()` returns on every rank.",
+            "picklable object of rank `src`, rank 0 or any other. `barrier()` returns on every "
+            "rank.",
+            scope=(("reduce_op", ("mean", "sum")), ("src", ("0", "non-zero"))),
         ),
         Clause(
             "API-6",
@@ -259,8 +263,10 @@ TRAINING = Section(
             "`optimizer.add_param_group(...)` with parameters of the set-up module. A "
             "checkpoint saved after such a change holds the frozen parameter's optimizer state "
             "and the added group, and loads back into objects with the same changes (see "
-            "CKPT-STRICT-3). A change the strategy cannot support raises a clear error that "
-            "names it.",
+            "CKPT-STRICT-3), whenever in the session it is saved: before the first step, "
+            "again after more training, or between the micro-batches of a step. A change the "
+            "strategy cannot support raises a clear error that names it.",
+            scope=(("moment", MOMENTS),),
         ),
         Clause(
             "SYNC-1",
@@ -270,16 +276,29 @@ TRAINING = Section(
             "nothing. Leaving the context, normally or through an exception, restores gradient "
             "sync to what it was on entry. `enabled=True` on a module that is not a sharded "
             "root raises `TypeError`.",
+            scope=(("enabled", ("True", "False")),),
         ),
         Clause(
             "CLIP-1",
             "`clip_gradients_norm(module, optimizer, max_norm, norm_type=2.0, "
-            "error_if_nonfinite=True)` returns the global gradient norm as the unsharded model "
-            "would compute it (replicated gradients counted once), the same value on every "
-            "rank, and scales the gradients so their global norm is at most `max_norm`; under "
-            "`16-mixed` it unscales first. A non-finite norm with `error_if_nonfinite=True` "
-            "raises `RuntimeError` on every rank and leaves the gradients unscaled. A module "
-            "that is not a sharded root raises `TypeError`.",
+            "error_if_nonfinite=True)` returns the global gradient norm of order `norm_type` "
+            "as `torch.nn.utils.clip_grad_norm_` computes it on the unsharded model "
+            "(replicated gradients counted once), the same value on every rank, and scales the "
+            "gradients as that function does, by `min(1, max_norm / (norm + 1e-6))`, so their "
+            "global norm is at most `max_norm`; under `16-mixed` it unscales first. "
+            "`norm_type` is any positive number, fractional ones included, or `inf` (the "
+            "largest absolute value); `0`, a negative number and nan are not norms and raise "
+            "`ValueError` naming the value, leaving the gradients unchanged. A non-finite norm "
+            "with `error_if_nonfinite=True` raises `RuntimeError` on every rank and leaves the "
+            "gradients unscaled; with `error_if_nonfinite=False` it is returned, the same on "
+            "every rank (`inf`, or nan once any gradient holds nan), and the gradients are "
+            "scaled all the same: an infinite norm scales them by 0, so their finite elements "
+            "become 0 and their infinite ones nan. A module that is not a sharded root raises "
+            "`TypeError`.",
+            scope=(
+                ("norm_type", ("2", "1", "inf", "1.5")),
+                ("error_if_nonfinite", ("True", "False")),
+            ),
         ),
         Clause(
             "PREC-1",
@@ -330,6 +349,7 @@ TRAINING = Section(
             "`reset_parameters` is deterministic on its own (the suites seed it from the "
             "module's qualified name). Buffers are materialized and tied weights are still "
             "tied.",
+            scope=(("empty_init", ("True",)),),
         ),
     ),
 )

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from harness.clauses.registry import Clause, Section
 
-__all__ = ["CHECKPOINTS", "MODEL_PARALLEL"]
+__all__ = ["CHECKPOINTS", "MODEL_PARALLEL", "MOMENTS"]
+
+#: When a save comes (the coverage's ``moment`` axis, as the suites report it): after an
+#: optimizer step, before the first one (the optimizer has no state), a second save of the
+#: same objects after more training, between the micro-batches of an accumulated step. The
+#: clauses that speak of every moment name the axis in their scope, so that the per-clause
+#: coverage lists a moment their checks never reached.
+MOMENTS = ("after a step", "before first step", "second save", "mid-accumulation")
 
 _FORMATS = (
     "Two formats. **full**: one file that rank 0 writes with `torch.save`, holding the gathered "
@@ -22,7 +29,9 @@ CHECKPOINTS = Section(
             "CKPT-SAVE-1",
             "`save_checkpoint(path, state)` needs exactly one sharded module among the values "
             'of `state`: with none it raises `ValueError` ("could not find"), with two or more '
-            '`ValueError` ("multiple"). Passing `storage_options` raises `TypeError`.',
+            '`ValueError` ("multiple"). Passing `storage_options` other than `None` raises '
+            "`TypeError`.",
+            scope=(("storage_options", ("None", "given")),),
         ),
         Clause(
             "CKPT-SAVE-2",
@@ -44,7 +53,9 @@ CHECKPOINTS = Section(
         Clause(
             "CKPT-SAVE-5",
             "`filter={key: fn(name, value) -> bool}` keeps only the chosen entries of that key "
-            "in a full checkpoint; a filter on a sharded save raises `NotImplementedError`.",
+            "in a full checkpoint, and `filter=None` (the default) keeps every entry; a filter "
+            "on a sharded save raises `NotImplementedError`.",
+            scope=(("filter", ("None", "given")),),
         ),
         Clause(
             "CKPT-LOAD-1",
@@ -64,13 +75,19 @@ CHECKPOINTS = Section(
         Clause(
             "CKPT-RT-1",
             "Full save then full load at the same world size: model state, optimizer state and "
-            "metadata equal what was saved.",
-            scope=(("checkpoint", ("full",)),),
+            "metadata equal what was saved, whenever the save comes: before the first "
+            "optimizer step (an optimizer without state is saved and loads without state, as "
+            "the plain optimizer's `state_dict()` has none, and the first step from there is a "
+            "first step), after more training that followed a save of the same objects (the "
+            "load equals the later save), or between the micro-batches of an accumulated step "
+            "(the state before that step; the step then goes on as without the save).",
+            scope=(("checkpoint", ("full",)), ("moment", MOMENTS)),
         ),
         Clause(
             "CKPT-RT-2",
-            "Sharded save then sharded load at the same world size: the same equalities.",
-            scope=(("checkpoint", ("sharded",)),),
+            "Sharded save then sharded load at the same world size: the same equalities, at "
+            "the same moments.",
+            scope=(("checkpoint", ("sharded",)), ("moment", MOMENTS)),
         ),
         Clause(
             "CKPT-RT-3",
@@ -138,6 +155,7 @@ CHECKPOINTS = Section(
             "With `strict=True`, a model key missing from the checkpoint raises `KeyError` or "
             "`RuntimeError` naming it, an unexpected key raises as well, and a requested "
             "metadata key that the checkpoint lacks raises `KeyError` naming it.",
+            scope=(("strict", ("True",)),),
         ),
         Clause(
             "CKPT-STRICT-2",
@@ -145,6 +163,7 @@ CHECKPOINTS = Section(
             "load, missing ones keep their current values, unexpected ones are ignored, and "
             "nothing raises. Optimizer state still needs matching parameter groups; a mismatch "
             "raises `ValueError` naming the group.",
+            scope=(("strict", ("False",)),),
         ),
         Clause(
             "CKPT-STRICT-3",

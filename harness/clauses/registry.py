@@ -33,6 +33,10 @@ class Clause:
         scope: the configurations the clause speaks of, as allowed values per coverage axis
             (``family``, ``precision``, ``sharding``); an axis not named is unrestricted.
             The per-clause coverage counts a value as never reached only inside the scope.
+            The scope also names the arguments of contract methods the clause speaks of
+            (:mod:`harness.clauses.arguments`: ``norm_type``, ``strict``, ...) with their
+            values: those are the argument values its checks must pass, and an argument it
+            does not name is none of its business.
     """
 
     id: str

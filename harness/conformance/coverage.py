@@ -16,6 +16,13 @@ check drew shows up as a gap instead of falling out of both numbers.
 Per clause, the report lists which value of each axis reached a check of that clause and
 which a passing check of it exercised (``by_clause``), and, with a declared space, the values
 of each axis the clause's checks never reached.
+
+The jobs also report the arguments they passed to the contract's methods
+(:mod:`harness.clauses.arguments`: ``norm_type``, ``strict``, ...). An argument is chosen per
+call, not per configuration: its values are listed like an axis's, per clause too, but are
+left out of the pairs (the pairwise figure stays one of configurations), and the values a
+clause's checks never passed are those of its scope (the contract declares them, not the
+suites' space).
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from itertools import combinations
 from typing import Any
 
-from harness.clauses import CLAUSES
+from harness.clauses import ARGUMENT_AXES, CLAUSES
 from harness.conformance.checks import Check
 
 __all__ = [
@@ -52,9 +59,11 @@ def _pair_order(pair: Pair) -> tuple[Any, ...]:
 
 
 def pairs_of(entry: Mapping[str, Sequence[str]]) -> set[Pair]:
-    """Every pair of values on two different axes of one job's configuration."""
+    """Every pair of values on two different axes of one job's configuration (arguments of
+    the contract's methods left out)."""
     found: set[Pair] = set()
-    for first, second in combinations(sorted(entry), 2):
+    axes = sorted(axis for axis in entry if axis not in ARGUMENT_AXES)
+    for first, second in combinations(axes, 2):
         for a in entry[first]:
             for b in entry[second]:
                 found.add((first, a, second, b))
@@ -78,7 +87,11 @@ def in_scope(universe: Iterable[Pair], scope: Mapping[str, Sequence[str]]) -> di
     """The values each axis takes inside ``scope`` (allowed values per axis; an axis it does
     not name is free): a value is inside when it is allowed on its own axis and, on every
     other scoped axis, some pair of ``universe`` puts it beside an allowed value (a
-    model-parallel-only value is outside a scope of ``family: fsdp``)."""
+    model-parallel-only value is outside a scope of ``family: fsdp``). An argument of the
+    scope (:data:`harness.clauses.ARGUMENT_AXES`) restricts no other axis, and the values
+    inside it are the scope's own: every configuration takes every argument's values."""
+    arguments = {axis: set(allowed) for axis, allowed in scope.items() if axis in ARGUMENT_AXES}
+    scope = {axis: allowed for axis, allowed in scope.items() if axis not in arguments}
     beside: dict[tuple[str, str], dict[str, set[str]]] = {}
     for first, a, second, b in universe:
         beside.setdefault((first, a), {}).setdefault(second, set()).add(b)
@@ -93,13 +106,14 @@ def in_scope(universe: Iterable[Pair], scope: Mapping[str, Sequence[str]]) -> di
             if other != axis
         ):
             found.setdefault(axis, set()).add(value)
-    return found
+    return found | arguments
 
 
 def by_clause(checks: Iterable[Check], universe: Iterable[Pair] = ()) -> dict[str, Any]:
     """Per clause and axis: the values that reached a check of the clause, those a passing
-    check of it exercised, and (with a declared ``universe``) those of the clause's scope
-    (:attr:`harness.clauses.Clause.scope`) it never reached.
+    check of it exercised, and (with a declared ``universe``; for the arguments its scope
+    names, always) those of the clause's scope (:attr:`harness.clauses.Clause.scope`) it
+    never reached.
 
     Returns:
         ``{clause: {axis: {"covered": [...], "reached": [...], "never": [...]}}}``; an axis
@@ -157,7 +171,7 @@ def coverage_of(checks: Iterable[Check], universe: Iterable[Pair] = ()) -> dict[
                 covered |= pairs
             for axis, seen in entry.items():
                 values.setdefault(axis, set()).update(seen)
-    if not supported:
+    if not values:  # no job reported its axes (one that reported arguments only has values)
         return {}
     by_axes: dict[tuple[str, str], list[Pair]] = {}
     for pair in sorted(supported, key=_pair_order):

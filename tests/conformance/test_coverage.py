@@ -126,3 +126,41 @@ def test_a_clause_scope_keeps_values_it_does_not_speak_of_out_of_never_reached()
     assert table["PREC-2"]["family"]["never"] == ["model_parallel"]
     assert table["MP-4"]["sharding"]["never"] == []  # NO_SHARD is fsdp's
     assert table["MP-4"]["family"]["never"] == []
+
+
+def test_arguments_are_listed_per_clause_but_left_out_of_the_pairs() -> None:
+    entry = {"family": ("fsdp",), "precision": ("32-true",), "norm_type": ("inf", "2")}
+    assert pairs_of(entry) == {("family", "fsdp", "precision", "32-true")}
+    clip = _check("passed", entry)
+    clip.clauses = ["CLIP-1"]  # scope: norm_type 2, 1, inf, 1.5; error_if_nonfinite
+    universe = {("family", f, "precision", "32-true") for f in ("fsdp", "model_parallel")}
+    coverage = coverage_of([clip], universe)
+    assert coverage["pairs_supported"] == 1
+    assert coverage["values"]["norm_type"] == ["2", "inf"]
+    table = coverage["by_clause"]["CLIP-1"]
+    assert table["norm_type"] == {
+        "covered": ["2", "inf"],
+        "reached": ["2", "inf"],
+        "never": ["1", "1.5"],
+    }
+    # the scope's arguments restrict no configuration value: model_parallel is still in it
+    assert table["family"]["never"] == ["model_parallel"]
+    # a clause whose scope does not name an argument lists none of its values as never passed
+    train = _check("passed", entry)
+    assert by_clause([train], universe)["TRAIN-1"]["norm_type"]["never"] == []
+    # the values inside a scope's argument are the scope's, with or without a declared space
+    assert in_scope(set(), {"strict": ("False",)}) == {"strict": {"False"}}
+    assert in_scope(universe, {"family": ("fsdp",), "strict": ("True",)}) == {
+        "family": {"fsdp"},
+        "precision": {"32-true"},
+        "strict": {"True"},
+    }
+
+
+def test_a_run_whose_jobs_report_only_arguments_has_a_coverage_table() -> None:
+    refusal = _check("passed", {"storage_options": ("None", "given")})
+    refusal.clauses = ["CKPT-SAVE-1"]
+    coverage = coverage_of([refusal])
+    assert coverage["pairs_supported"] == 0
+    assert coverage["values"] == {"storage_options": ["None", "given"]}
+    assert coverage["by_clause"]["CKPT-SAVE-1"]["storage_options"]["never"] == []

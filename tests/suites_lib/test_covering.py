@@ -59,6 +59,7 @@ def test_the_space_holds_every_value_the_suites_draw_on_the_main_axes() -> None:
         "buffers",
         "root parameter",
         "shared module",
+        "running statistics",
     }
 
 

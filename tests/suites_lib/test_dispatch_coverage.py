@@ -9,6 +9,7 @@ from harness.run.session import current
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.regressions import INIT_NESTED
 from suites.lib.ranks.training import train_rank
+from suites.lib.shared.arguments import plan_arguments
 from suites.lib.shared.axes import scenario_axes
 
 
@@ -36,7 +37,9 @@ def test_a_job_that_ran_reports_its_scenarios_axes() -> None:
         results = run(train_rank, INIT_NESTED, world_size=INIT_NESTED.world_size)
     assert len(results) == INIT_NESTED.world_size
     assert recorder.ran == 1
-    assert recorder.seen == [scenario_axes(INIT_NESTED)]
+    # with the arguments it passed: empty_init=True, enabled=False (one micro-batch)
+    assert recorder.seen == [{**scenario_axes(INIT_NESTED), **plan_arguments(INIT_NESTED)}]
+    assert recorder.seen[0]["empty_init"] == ("True",)
     axes = scenario_axes(INIT_NESTED, "sharded")
     assert axes["family"] == ("fsdp",) and axes["sharding"] == ("FULL_SHARD",)
     assert axes["world_size"] == ("2",) and axes["checkpoint"] == ("sharded",)

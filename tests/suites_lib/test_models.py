@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from suites.lib.shared.axes import scenario_axes
 from suites.lib.shared.models import (
     BlockSpec,
     ModelSpec,
@@ -14,6 +15,7 @@ from suites.lib.shared.models import (
     make_batch,
     module_class,
 )
+from suites.lib.shared.specs import FSDPConfig, Scenario
 
 SPEC = ModelSpec(
     hidden=5,
@@ -194,3 +196,53 @@ def test_attention_spec_validation() -> None:
         ModelSpec(hidden=6, blocks=(BlockSpec("AttentionBlock", tokens=4),))
     with pytest.raises(ValueError, match="attention='flash' is unknown"):
         ModelSpec(blocks=(BlockSpec("AttentionBlock", attention="flash"),))
+
+
+# --- running statistics: a BatchNorm with two float buffers and an int64 counter ----------
+
+NORM = ModelSpec(hidden=6, blocks=(BlockSpec(ffn=4),), running_stats=True, seed=8)
+STATS = ("bn.running_mean", "bn.running_var", "bn.num_batches_tracked")
+
+
+def test_batchnorm_holds_float_statistics_and_an_integer_counter_meta_init_included() -> None:
+    eager, meta = build_model(NORM), _materialized(NORM)
+    state = eager.state_dict()
+    assert [state[k].dtype for k in STATS] == [torch.float32, torch.float32, torch.int64]
+    assert state["bn.running_mean"].shape == (2,)  # 6 features: 2 channels of 3 positions
+    assert int(state["bn.num_batches_tracked"]) > 0  # seeded, as if fine-tuning
+    assert not torch.equal(state["bn.running_mean"], torch.zeros(2))
+    assert not torch.equal(state["bn.running_var"], torch.ones(2))
+    for key, value in meta.state_dict().items():
+        assert torch.equal(value, state[key]), key
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        low = build_model(NORM).state_dict()
+    finally:
+        torch.set_default_dtype(previous)
+    assert [low[k].dtype for k in STATS] == [torch.bfloat16, torch.bfloat16, torch.int64]
+    assert torch.equal(low["bn.num_batches_tracked"], state["bn.num_batches_tracked"])
+
+
+def test_batchnorm_updates_every_statistic_in_training_only() -> None:
+    model = build_model(NORM)
+    before = {k: v.clone() for k, v in model.state_dict().items() if k in STATS}
+    x, _ = make_batch(NORM, 0, 0, 0, 0, 1)  # one sample: still 3 values per channel
+    model(x)
+    after = model.state_dict()
+    assert int(after["bn.num_batches_tracked"]) == int(before["bn.num_batches_tracked"]) + 1
+    for key in STATS[:2]:
+        assert not torch.equal(after[key], before[key]), key
+    model.eval()
+    frozen = {k: v.clone() for k, v in model.state_dict().items() if k in STATS}
+    model(x)
+    assert all(torch.equal(model.state_dict()[k], frozen[k]) for k in STATS)
+
+
+def test_running_statistics_models_share_inputs_across_data_parallel_ranks() -> None:
+    x0, y0 = make_batch(NORM, 3, step=1, micro=0, dp_rank=0, batch_size=2)
+    x1, y1 = make_batch(NORM, 3, step=1, micro=0, dp_rank=1, batch_size=2)
+    assert torch.equal(x0, x1) and not torch.equal(y0, y1)
+    x2, _ = make_batch(NORM, 3, step=1, micro=1, dp_rank=0, batch_size=2)
+    assert not torch.equal(x0, x2)
+    assert "running statistics" in scenario_axes(Scenario(1, NORM, FSDPConfig()))["model"]

@@ -93,3 +93,29 @@ def test_named_optimizer_state_and_tolerance() -> None:
     assert state["param_groups"][0]["params"][0] == "inp.weight"
     scenario = _scenario(2, TrainPlan(steps=3), OptimSpec("adam", lr=0.01))
     assert scenario_tolerance(scenario).atol > 1e-5
+
+
+def test_integer_state_is_compared_exactly_dtype_included() -> None:
+    loose = Tolerance(0.5, 10.0)
+    assert_close(torch.tensor(7), torch.tensor(7), loose, name="n")
+    with pytest.raises(AssertionError, match=r"n: torch.int64 8 where the reference holds"):
+        assert_close(torch.tensor(8), torch.tensor(7), loose, name="n")
+    with pytest.raises(AssertionError, match="dtype included"):
+        assert_close(torch.tensor(7.0), torch.tensor(7), loose, name="n")
+
+
+def test_the_reference_updates_running_statistics_once_per_micro_batch() -> None:
+    spec = ModelSpec(hidden=6, blocks=(BlockSpec(ffn=4),), running_stats=True, seed=2)
+    plan = TrainPlan(steps=1, micro_batches=3, batch_size=2)
+
+    def run(world: int) -> dict[str, torch.Tensor]:
+        scenario = Scenario(world, spec, FSDPConfig(), OptimSpec("sgd", lr=0.1), plan)
+        ref = reference_run(scenario)
+        start = int(ref.initial["bn.num_batches_tracked"])
+        assert int(ref.state["bn.num_batches_tracked"]) == start + 3  # not 3 x world
+        return ref.state
+
+    # every data-parallel rank sees the same inputs: each updates as one rank alone would
+    one, four = run(1), run(4)
+    for key in ("bn.running_mean", "bn.running_var"):
+        assert torch.equal(four[key], one[key]), key

@@ -18,8 +18,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from suites.lib.controller.session_twin import Twin, assert_matches
+from suites.lib.controller.tolerances import tolerance
 from suites.lib.shared.checkpoint_specs import make_metadata, plain_metadata
 from suites.lib.shared.models import build_model
+from suites.lib.shared.session_ops import Step
 
 if TYPE_CHECKING:
     from suites.lib.shared.checkpoint_specs import CkptPlan
@@ -29,6 +32,8 @@ __all__ = [
     "assert_loaded_equals_saved",
     "assert_same_model",
     "assert_same_optim",
+    "assert_unstepped",
+    "check_moments",
     "check_on_disk",
     "check_refusal",
     "check_round_trip",
@@ -126,6 +131,23 @@ def assert_same_optim(actual: dict, expected: dict, *, clause: str, where: str) 
         raise AssertionError(f"{clause}: {where}: {found}")
 
 
+def assert_unstepped(osd: dict, *, clause: str, where: str) -> None:
+    """An optimizer saved before its first step, or loaded from such a checkpoint, holds no
+    state, as the plain optimizer (a save that steps it to create state, as torch's reader
+    does, advances Adam's step count: the first real step is then a second one)."""
+    state = {k: v for k, v in osd.get("state", {}).items() if v}
+    if state:
+        name, first = next(iter(sorted(state.items(), key=lambda kv: str(kv[0]))))
+        step = first.get("step") if isinstance(first, dict) else None
+        raise AssertionError(
+            f"{clause}: {where}: saved before the first optimizer step, the optimizer holds "
+            f"state for {sorted(state, key=str)} ({name!r}: {sorted(first)}"
+            + (f", step {float(step):g}" if step is not None else "")
+            + "); the plain optimizer holds none until it steps, and loading its checkpoint "
+            "gives none"
+        )
+
+
 def check_refusal(
     record: dict, expected: tuple[str, ...], clause: str, what: str, words: tuple[str, ...] = ()
 ) -> None:
@@ -213,6 +235,9 @@ def check_round_trip(plan: CkptPlan, out: dict[str, Any], rank: int) -> None:
         f"model's state_dict (persistent buffers, no non-persistent ones) is "
         f"{sorted(plain.state_dict())}"
     )
+    if plan.save.plan.steps == 0:
+        assert_unstepped(saved["optim"], clause=clause, where=f"{where}, after the save")
+        assert_unstepped(loaded["optim"], clause=clause, where=f"{where}, loaded")
     assert_same_model(loaded["model"], saved["model"], clause=clause, where=where)
     assert_same_optim(loaded["optim"], saved["optim"], clause=clause, where=where)
     frozen = set(plan.save.model.frozen)
@@ -251,3 +276,64 @@ def check_round_trip(plan: CkptPlan, out: dict[str, Any], rank: int) -> None:
         f"CKPT-STRICT-3: {where}: one step after the load differs from one step without "
         f"stopping (optimizer state incomplete?): {found}"
     )
+
+
+def check_moments(plan: CkptPlan, outs: list[dict[str, Any]]) -> None:
+    """Every comparison of :func:`~suites.lib.ranks.checkpoint_moment_jobs.moments_rank`,
+    each failure naming the round trip's clause, the rank and the moment.
+
+    - Before the first step: the save leaves the optimizer without state, and fresh objects
+      loading it hold none either (as the plain optimizer), the saved model and the saved
+      groups' hyper-parameters; one step from there is step 1 of the live run, bitwise.
+    - The live run (saved at each moment) is the plain twin's, step counts exactly and the
+      values within the precision's tolerance, after steps 1 and 2: a save neither stepped
+      the optimizer nor lost the gradients accumulated before it.
+    - A second save of the same objects after more training loads as that save, not the
+      first; the save between the micro-batches of step 2 loads as the state before step 2,
+      and step 2 from there is the live step 2, bitwise.
+    """
+    clause = "CKPT-RT-1" if plan.fmt == "full" else "CKPT-RT-2"
+    s = plan.save
+    twin = Twin(s, ())
+    twin.step(Step(0, 1, None), s.dp_size)
+    one = twin.expected()
+    twin.step(Step(1, 2, None), s.dp_size)
+    two = twin.expected()
+    tol = tolerance(s.precision, s.optim.kind, lr=s.optim.max_lr, steps=2)
+    for rank, out in enumerate(outs):
+        where = f"rank {rank}, {s.family} {plan.fmt} at world size {s.world_size}"
+        zero, loaded = out["zero"], out["zero_loaded"]
+        before = f"{where}, saved before the first optimizer step"
+        assert zero["empty"], (
+            f"{clause}: {before}: after the save the optimizer holds state; it had none and "
+            "a save must not create it (a step to initialize it advances Adam's step count)"
+        )
+        assert loaded["empty"], (
+            f"{clause}: {before}, loaded into fresh objects: their optimizer holds state; "
+            "the plain optimizer loading a checkpoint of one that never stepped holds none"
+        )
+        assert_same_model(loaded["model"], zero["model"], clause=clause, where=before)
+        found = tree_diff(loaded["groups"], zero["groups"], "param_groups")
+        assert found is None, f"{clause}: {before}: the groups' hyper-parameters: {found}"
+        for label, read, expected in (
+            ("after step 1", out["one"], one),
+            ("after step 2", out["two"], two),
+        ):
+            what = f"{where}, the live run saved at every moment, {label}"
+            try:
+                assert_matches(read, expected, tol, what=what)
+            except AssertionError as exc:
+                raise AssertionError(f"{clause}: {str(exc).removeprefix('TRAIN-4: ')}") from None
+        for label, got, expected in (
+            ("loaded from before the first step, then step 1", loaded["then"], out["one"]),
+            ("loaded from the second save (after step 1)", out["second_loaded"], out["one"]),
+            ("loaded from the save between step 2's micro-batches", out["mid_loaded"], out["one"]),
+            (
+                "loaded from the save inside step 2, then step 2",
+                out["mid_loaded"]["then"],
+                out["two"],
+            ),
+        ):
+            what = f"{where}, {label}, against the live run"
+            assert_same_model(got["model"], expected["model"], clause=clause, where=what)
+            assert_same_optim(got["optim"], expected["optim"], clause=clause, where=what)

@@ -7,6 +7,10 @@ value is among them. This module gives each such check, from the same candidates
 
 - :func:`value_cover`: the fewest configurations the check can run that take, among them,
   every value of each axis inside the clause's scope (:attr:`harness.clauses.Clause.scope`);
+- :func:`argument_rows` and :func:`argument_cover`: the values of the contract methods'
+  arguments that the scope names and a scenario carries (``norm_type``,
+  ``error_if_nonfinite``, ``empty_init``: :data:`~suites.lib.shared.arguments.DRAWN`), every
+  one of them on a few cheap configurations of each family;
 - :func:`covering_examples`: those configurations as explicit Hypothesis examples, in place
   of as many of the profile's random draws, so the check costs about what it did;
 - :func:`covering_rows`: the same as :class:`~suites.lib.controller.covering.CoverRow` values
@@ -34,11 +38,14 @@ from suites.lib.controller.covering import (
     relative_cost,
 )
 from suites.lib.controller.scenarios import available_world_sizes
+from suites.lib.shared.arguments import DRAWN, carried_arguments, with_arguments
 from suites.lib.shared.axes import scenario_axes
 from suites.lib.shared.checkpoint_specs import FORMATS, META_KINDS, CkptPlan
 from suites.lib.shared.specs import FSDPConfig, MPConfig, Scenario
 
 __all__ = [
+    "argument_cover",
+    "argument_rows",
     "covering_examples",
     "covering_rows",
     "other_family_plan",
@@ -101,6 +108,69 @@ def _plain(scenario: Scenario) -> Scenario:
     return dataclasses.replace(scenario, plan=plan)
 
 
+def argument_rows(clause: str) -> list[dict[str, str]]:
+    """Values of the arguments that ``clause``'s scope names and a scenario carries
+    (:data:`~suites.lib.shared.arguments.DRAWN`), one dict per row: as many rows as the
+    argument with the most values has, row ``i`` taking value ``i`` (cyclically) of each, so
+    that together they take every value of each (none: the scope names no such argument).
+
+    Raises:
+        KeyError: ``clause`` is not one of the contract's clauses.
+    """
+    named = [(axis, allowed) for axis, allowed in CLAUSES[clause].scope if axis in DRAWN]
+    if not named:
+        return []
+    count = max(len(allowed) for _, allowed in named)
+    return [{axis: allowed[i % len(allowed)] for axis, allowed in named} for i in range(count)]
+
+
+def argument_cover(
+    worlds: Sequence[int],
+    clause: str,
+    keep: Callable[[Scenario], bool] = lambda scenario: True,
+) -> tuple[Scenario, ...]:
+    """Every row of :func:`argument_rows` on a configuration of each family the clause
+    speaks of (each family implements the method on its own), families in turn within a
+    row. The configurations are the cheapest of :func:`value_cover` among those that split
+    parameters over ranks (a reduction across shards is what an argument such as
+    ``norm_type`` changes), a different one for each row where there are enough.
+
+    Args:
+        worlds: the world sizes the session can run.
+        clause: the clause whose scope names the arguments.
+        keep: which candidates the check can run.
+    """
+    rows = argument_rows(clause)
+    if not rows:
+        return ()
+    scope = dict(CLAUSES[clause].scope)
+    split = min(2, max(worlds))
+    per_family = []
+    for family in scope.get("family", ("fsdp", "model_parallel")):
+        bases = value_cover(
+            worlds,
+            clause,
+            lambda s, f=family: keep(s) and s.family == f and s.shard_factor >= split,
+        )
+        if bases:
+            per_family.append(sorted(bases, key=relative_cost))
+    return tuple(
+        with_arguments(bases[i % len(bases)], row)
+        for i, row in enumerate(rows)
+        for bases in per_family
+    )
+
+
+def _with_rows(scenarios: Sequence[Scenario], rows: list[dict[str, str]]) -> list[Scenario]:
+    """``scenarios`` carrying ``rows`` in turn, cycled until both are used up."""
+    if not rows or not scenarios:
+        return list(scenarios)
+    count = max(len(scenarios), len(rows))
+    return [
+        with_arguments(scenarios[i % len(scenarios)], rows[i % len(rows)]) for i in range(count)
+    ]
+
+
 def covering_examples(
     clause: str,
     keep: Callable[[Scenario], bool] = lambda scenario: True,
@@ -108,12 +178,15 @@ def covering_examples(
     *,
     argname: str | None = None,
     share: int = 10,
+    configurations: bool = True,
 ) -> Callable[[T], T]:
     """Decorate a Hypothesis check of ``clause``: it also runs :func:`value_cover`'s
-    scenarios as explicit examples, and draws as many fewer random ones (at least one), so
-    its cost stays what its profile gives it. The first failing example ends the check
-    (``report_multiple_bugs=False``): a strategy that fails them all costs one job, and a
-    failure already known elsewhere is not run ten times over.
+    scenarios, carrying in turn the argument values of :func:`argument_rows`, as explicit
+    examples (or, with ``configurations=False``, :func:`argument_cover`'s only: the check of
+    a clause whose configurations another check covers), and draws as many fewer random
+    ones (at least one), so its cost stays what its profile gives it. The first failing
+    example ends the check (``report_multiple_bugs=False``): a strategy that fails them all
+    costs one job, and a failure already known elsewhere is not run ten times over.
 
     Args:
         clause: whose scope the scenarios cover.
@@ -123,18 +196,36 @@ def covering_examples(
         argname: the check's argument, by keyword (default: the first, by position).
         share: the check's examples, in tenths of the active profile's (as
             :func:`~suites.lib.controller.scenarios.examples`).
+        configurations: cover the values of the scope's configuration axes too.
 
     Raises:
-        ValueError: ``adapt`` changed a scenario's axis values (the coverage would be wrong).
+        ValueError: ``adapt`` changed a scenario's axis values or the argument values it
+            carries (the coverage would be wrong).
     """
+    worlds = tuple(available_world_sizes())
+    rows = argument_rows(clause)
+    if configurations:
+        covering = _with_rows(value_cover(worlds, clause, keep), rows)
+    else:
+        covering = list(argument_cover(worlds, clause, keep))
+    drawn = set(rows[0]) if rows else set()
+
+    def passes(scenario: Scenario) -> dict[str, str]:
+        return {k: v for k, v in carried_arguments(scenario).items() if k in drawn}
+
     values = []
-    for s in value_cover(tuple(available_world_sizes()), clause, keep):
+    for s in covering:
         fitted = adapt(s)
         if isinstance(fitted, Scenario) and scenario_axes(fitted) != scenario_axes(s):
             raise ValueError(
                 f"covering_examples({clause!r}): adapt changed the axes of a scenario from "
                 f"{scenario_axes(s)} to {scenario_axes(fitted)}; it may change only what "
                 "the axes do not name (plan, optimizer, activation checkpointing)"
+            )
+        if isinstance(fitted, Scenario) and passes(fitted) != passes(s):
+            raise ValueError(
+                f"covering_examples({clause!r}): adapt changed the arguments a scenario "
+                f"passes from {passes(s)} to {passes(fitted)}; they are the argument cover's"
             )
         values.append(fitted)
 

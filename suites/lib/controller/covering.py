@@ -62,8 +62,9 @@ FSDP_COVER_PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-t
 
 #: the model variants the cover draws from: together they take every model kind of the zoo
 #: (plain and nested blocks, both attentions, tied embeddings, frozen parameters, buffers, a
-#: parameter on the root module, a module used twice); MLP widths and head counts are
-#: multiples of 2 so that a tensor-parallel size of 2 divides them (4 as well for some MLPs).
+#: parameter on the root module, a module used twice, a BatchNorm's running statistics); MLP
+#: widths and head counts are multiples of 2 so that a tensor-parallel size of 2 divides them
+#: (4 as well for some MLPs).
 COVER_MODELS: tuple[ModelSpec, ...] = (
     ModelSpec(hidden=6, blocks=(BlockSpec(ffn=4),), seed=11),
     ModelSpec(
@@ -95,6 +96,11 @@ COVER_MODELS: tuple[ModelSpec, ...] = (
         shared=True,
         seed=16,
     ),
+    # widths that are multiples of 8 (4 input features): FSDP1 pads every parameter of a
+    # flat parameter to 16 bytes, 8 elements in a 16-bit dtype, and a unit of small
+    # parameters (the BatchNorm's two of 2, Scale's gate of 1) must stay within the
+    # padding test_sharding's SHARD-1 check allows per parameter (ALIGN_SLACK)
+    ModelSpec(hidden=8, in_features=4, blocks=(BlockSpec(ffn=8),), running_stats=True, seed=17),
 )
 
 FSDP_WRAPS = ("none", "classes", "module_wrap_policy", "custom_policy", "size", "callable")

@@ -4,18 +4,25 @@
 harness session's refusal path inside a Hypothesis test (recorded, then rejected). The jobs
 themselves are module-level functions on the rank side, in :mod:`suites.lib.ranks` (never in a
 test module: see the rule in its docstring).
+
+Each job that reaches the ranks reports what it exercised, for the coverage table: the axis
+values of the scenarios among its arguments (:func:`~suites.lib.shared.axes.scenario_axes`)
+and the values it passes to the contract's methods' arguments, as the job declares them
+(:func:`~suites.lib.shared.arguments.passes`). :func:`report` does the same for a job run
+another way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import is_dataclass
 from typing import Any
 
+from suites.lib.shared.arguments import passed_by
 from suites.lib.shared.axes import scenario_axes
 from suites.lib.shared.specs import Scenario
 
-__all__ = ["run"]
+__all__ = ["exercised", "report", "run"]
 
 
 def run(fn: Callable[..., Any], *args: Any, world_size: int) -> list[Any]:
@@ -43,10 +50,10 @@ def run(fn: Callable[..., Any], *args: Any, world_size: int) -> list[Any]:
                 session.remembered.remember(scenario.family, scenario.options(), exc)
             raise
         except RankFailure:  # the job ran and failed: its configuration reached the ranks
-            for axes in _axes_in(args):
+            for axes in exercised(fn, args):
                 session.note_exercised(axes)
             raise
-        for axes in _axes_in(args):
+        for axes in exercised(fn, args):
             session.note_exercised(axes)
         return values
     except Unsupported as exc:
@@ -57,8 +64,25 @@ def run(fn: Callable[..., Any], *args: Any, world_size: int) -> list[Any]:
         raise
 
 
+def report(entry: Mapping[str, Sequence[str]]) -> None:
+    """Report what a job run without :func:`run` exercised (axis and argument values), for
+    the running check (a job shared by several checks: each reports its own part)."""
+    from harness.run.session import current
+
+    current().note_exercised(entry)
+
+
+def exercised(fn: Callable[..., Any], args: tuple[Any, ...]) -> list[dict[str, tuple[str, ...]]]:
+    """The entries a job reports: each scenario's axis values with the argument values the
+    job passes (those alone when no scenario is among ``args``)."""
+    passed = passed_by(fn, args)
+    found = [{**axes, **passed} for axes in _axes_in(args)]
+    return found or ([passed] if passed else [])
+
+
 def _axes_in(args: tuple[Any, ...]) -> list[dict[str, tuple[str, ...]]]:
-    """The axis values of the scenarios among ``args`` (a checkpoint plan's with its format)."""
+    """The axis values of the scenarios among ``args`` (a checkpoint plan's or a session
+    segment's with its format, and the moments it saves at: its ``moments``)."""
     found: list[dict[str, tuple[str, ...]]] = []
     for arg in args:
         if isinstance(arg, Scenario):
@@ -66,7 +90,13 @@ def _axes_in(args: tuple[Any, ...]) -> list[dict[str, tuple[str, ...]]]:
         elif is_dataclass(arg) and not isinstance(arg, type):
             fmt = getattr(arg, "fmt", None)
             fmt = fmt if isinstance(fmt, str) else None
-            found += [scenario_axes(v, fmt) for v in vars(arg).values() if isinstance(v, Scenario)]
+            moments = tuple(getattr(arg, "moments", None) or ())
+            for v in vars(arg).values():
+                if isinstance(v, Scenario):
+                    axes = scenario_axes(v, fmt)
+                    if moments:
+                        axes["moment"] = tuple(sorted(set(moments)))
+                    found.append(axes)
     return found
 
 

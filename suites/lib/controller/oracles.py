@@ -15,6 +15,7 @@ interop tests: a user's single-process run, and its optimizer state keyed like t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -59,13 +60,41 @@ def backward_plain_step(
     caller steps its optimizer."""
     plan = scenario.plan
     for m in range(micro):
+        after_forward = _one_buffer_update(model)
         for r in range(dp):
             x, y = make_batch(scenario.model, plan.data_seed, index, m, r, plan.batch_size)
             loss = F.mse_loss(model(x).float(), y) * plan.loss_scale
             (loss / (dp * micro)).backward()
+            after_forward()
     if clip is not None:
         params = [p for p in model.parameters() if p.grad is not None]
         torch.nn.utils.clip_grad_norm_(params, clip)
+
+
+def _one_buffer_update(model: nn.Module) -> Callable[[], None]:
+    """For the forwards of one micro-batch of every data-parallel rank: a callable that,
+    called after each of them (and its backward), keeps the buffers the first one left and
+    undoes what the others wrote.
+
+    [Note: one buffer update per micro-batch] Each data-parallel rank runs one forward per
+    micro-batch, and a forward in training mode updates a BatchNorm's running statistics
+    and counter; the plain model runs one forward per rank and micro-batch, so it would
+    update them ``dp`` times as often. A model with running statistics gives every rank the
+    same inputs (see [Note: running statistics see the same inputs on every rank] in
+    :mod:`suites.lib.shared.models`), so every rank's update is the first rank's: the plain
+    model keeps that one. Buffers no forward writes are left as they are.
+    """
+    kept: dict[str, Tensor] = {}
+
+    def after_forward() -> None:
+        with torch.no_grad():
+            if not kept:
+                kept.update({n: b.detach().clone() for n, b in model.named_buffers()})
+                return
+            for name, buffer in model.named_buffers():
+                buffer.copy_(kept[name])
+
+    return after_forward
 
 
 def scenario_tolerance(scenario: Scenario) -> Tolerance:
@@ -109,7 +138,8 @@ def reference_model(scenario: Scenario) -> nn.Module:
     if low is not None:
         with torch.no_grad():
             for t in [*model.parameters(), *model.buffers()]:
-                t.copy_(t.to(low).float())
+                if t.is_floating_point():  # an integer buffer (a counter) stays as it is
+                    t.copy_(t.to(low).float())
     return model
 
 
@@ -142,16 +172,21 @@ def _reference_run(scenario: Scenario, steps: int) -> Reference:
         step_losses: list[list[float]] = []
         for micro in range(plan.micro_batches):
             per_rank = []
+            after_forward = _one_buffer_update(model)  # see the note there
             for r in range(dp):
                 x, y = make_batch(scenario.model, plan.data_seed, step, micro, r, plan.batch_size)
                 loss = F.mse_loss(model(x).float(), y) * plan.loss_scale
                 (loss / (dp * plan.micro_batches)).backward()
                 per_rank.append(loss.item())
+                after_forward()
             step_losses.append(per_rank)
         ref.losses.append(step_losses)
         if plan.clip is not None:
             params = [p for p in model.parameters() if p.grad is not None]
-            ref.norms.append(float(torch.nn.utils.clip_grad_norm_(params, plan.clip)))
+            norm = torch.nn.utils.clip_grad_norm_(
+                params, plan.clip, plan.norm_type, plan.error_if_nonfinite
+            )
+            ref.norms.append(float(norm))
         ref.grads = {
             clean_name(n): None if p.grad is None else p.grad.detach().clone()
             for n, p in model.named_parameters()
@@ -199,13 +234,23 @@ def assert_close(actual: Tensor, expected: Tensor, tol: Tolerance, *, name: str)
     """Fail unless ``actual`` is within ``tol`` of ``expected`` (same shape).
 
     The message names ``name``, the number of bad elements, the worst element's index and
-    both values, and the tolerance with its reason.
+    both values, and the tolerance with its reason. Integer (and bool) tensors, such as a
+    BatchNorm's ``num_batches_tracked``, are counts, never recomputed math: they must equal
+    the reference exactly, dtype included, whatever ``tol`` says.
     """
     if actual.shape != expected.shape:
         raise AssertionError(
             f"{name}: shape {tuple(actual.shape)} differs from the reference's "
             f"{tuple(expected.shape)}"
         )
+    if not (actual.is_floating_point() and expected.is_floating_point()):
+        if actual.dtype != expected.dtype or not torch.equal(actual.cpu(), expected.cpu()):
+            raise AssertionError(
+                f"{name}: {actual.dtype} {actual.tolist()} where the reference holds "
+                f"{expected.dtype} {expected.tolist()} (integer state is compared exactly, "
+                "dtype included)"
+            )
+        return
     a, e = actual.detach().double().cpu(), expected.detach().double().cpu()
     if tol == EXACT or (tol.rtol == 0 and tol.atol == 0):
         if torch.equal(actual.cpu(), expected.cpu()) or torch.equal(a, e):

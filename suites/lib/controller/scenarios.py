@@ -222,6 +222,7 @@ def model_specs(
     attention: bool | None = None,
     root_param: bool | None = None,
     shared: bool | None = None,
+    running_stats: bool | None = False,
 ) -> ModelSpec:
     """A small model tree.
 
@@ -237,6 +238,12 @@ def model_specs(
         attention: force or forbid an AttentionBlock; None: either.
         root_param: force or forbid a parameter on the root module; None: either.
         shared: force or forbid a Block called twice in forward; None: either.
+        running_stats: force or forbid a BatchNorm with running statistics; None: either.
+            Forbidden unless asked: the configuration cover gives it to every clause's checks
+            (``COVER_MODELS``), and leaving it out of the random draws keeps every check's
+            derandomized ``ci`` examples, and the single-process emulations of
+            ``tests/suites_lib/test_tolerance_fit.py`` (which update the statistics once per
+            rank), as they were.
     """
     n_blocks = draw(st.integers(1, max_blocks))
     hidden = draw(st.integers(3, 8))
@@ -256,6 +263,7 @@ def model_specs(
         shared=draw(st.booleans()) if shared is None else shared,
         shared_ffn=ffn_multiple * draw(st.integers(1, max(1, 8 // ffn_multiple))),
         seed=draw(st.integers(0, 2**16)),
+        running_stats=draw(st.booleans()) if running_stats is None else running_stats,
     )
     if frozen is False or (frozen is None and not draw(st.booleans())):
         return spec
@@ -470,6 +478,7 @@ def scenarios(
     attention: bool | None = None,
     root_param: bool | None = None,
     shared: bool | None = None,
+    running_stats: bool | None = False,
 ) -> Scenario:
     """A whole scenario of ``family`` (``fsdp`` or ``model_parallel``); keyword arguments
     restrict what is drawn (see the part strategies; ``attention=False`` keeps a long check
@@ -484,6 +493,7 @@ def scenarios(
         attention=attention,
         root_param=root_param,
         shared=shared,
+        running_stats=running_stats,
     )
     config: FSDPConfig | MPConfig
     if family == "model_parallel":

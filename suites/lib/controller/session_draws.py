@@ -55,6 +55,7 @@ RULES = (
     "unfreeze",
     "add_group",
     "save",
+    "save_mid_step",
     "load_live",
     "load_fresh",
     "convert",

@@ -43,7 +43,18 @@ from suites.lib.shared.session_ops import (
 )
 from suites.lib.shared.specs import Scenario
 
-__all__ = ["Micro", "Saved", "SessionDriver", "scripted_session", "short_session", "trainable"]
+__all__ = [
+    "SHORT_MOMENTS",
+    "Micro",
+    "Saved",
+    "SessionDriver",
+    "scripted_session",
+    "short_session",
+    "trainable",
+]
+
+#: the moments a :func:`short_session` saves at (after a step, then the end state's save)
+SHORT_MOMENTS = ("after a step", "second save")
 
 Micro = tuple[int, float | None]
 
@@ -70,6 +81,9 @@ class SessionDriver:
     when it ends, and its reads are checked against the twin then."""
 
     family = "fsdp"
+    #: report the moments of the session's saves (the coverage's ``moment`` axis); off for a
+    #: session whose check is also another clause's, one that does not speak of moments
+    note_moments = True
     job: Callable[..., Any]
     probe: Callable[..., Any]  # rank job: set up a scenario and tear it down
     path: Callable[[str, str, str], str]
@@ -81,6 +95,8 @@ class SessionDriver:
         self.expected: list[Expected] = []  # what each read of the segment must equal
         self.started = self.finished = 0  # rules begun / rules that returned
         self.probed: set[tuple[Scenario, str]] = set()  # configurations the strategy accepted
+        # the live objects' saves: whether they saved, and trained since (second save)
+        self.saved_here = self.trained_since = False
 
     # --- actions: the rules draw their arguments and call these (so does the script) ------
 
@@ -110,6 +126,23 @@ class SessionDriver:
         """Count rule ``name`` for the family whose objects it ran on."""
         COUNTS[(self.segment.scenario.family, name)] += 1
 
+    def _moment(self, moment: str | None = None) -> str:
+        """Note a save of the live objects now, at ``moment`` or at the moment it is
+        (:data:`~suites.lib.shared.axes.MOMENTS`), for the segment's coverage: before the
+        first step while the optimizer has no state (the twin's has none), a second save once
+        these objects saved and trained since, else after a step."""
+        if moment is None:
+            if not self.twin.optimizer.state:
+                moment = "before first step"
+            elif self.saved_here and self.trained_since:
+                moment = "second save"
+            else:
+                moment = "after a step"
+        self.saved_here, self.trained_since = True, False
+        if self.note_moments:
+            self.segment.moments.append(moment)
+        return moment
+
     def _check(self, clause_id: str = "TRAIN-4") -> None:
         """Read the ranks' state here, to compare with the twin's now."""
         self.segment.ops.append(Check(len(self.expected)))
@@ -130,6 +163,7 @@ class SessionDriver:
             return
         if probe:
             segment.probe = self.path(self.root, "probe", segment.fmt)
+            self._moment()
         out = run(self.job, segment, world_size=segment.scenario.world_size)
         end = ("TRAIN-4", self.twin.expected(), self.twin.steps)
         self.precisions.add(segment.scenario.precision)
@@ -137,13 +171,34 @@ class SessionDriver:
         check_reads(out, [*self.expected, end], segment.scenario, self.base.optim, loosest)
         self.expected = []
         segment.ops = []
+        segment.moments = []
 
     def do_train(self, micro: Micro, *, count: bool = True) -> None:
         op = Step(self.twin.steps, *micro)
         self.segment.ops.append(op)
         self.twin.step(op, self.segment.scenario.dp_size)
+        self.trained_since = True
         if count:
             self._count("train")
+
+    def do_save_mid_step(self, micro: Micro) -> str:
+        """One optimizer step of ``micro`` (2 micro-batches or more) with a save after the
+        first micro-batch, its gradients accumulated and the step not taken: the checkpoint
+        holds the state before the step (a checkpoint holds no gradients), and the step then
+        goes on as it would have without the save."""
+        if micro[0] < 2:
+            raise ValueError(f"a save mid-accumulation needs 2 micro-batches or more: {micro}")
+        fmt, family = self.segment.fmt, self.segment.scenario.family
+        name = f"ckpt{len(self.saved)}-{fmt}-{family}"
+        path = self.path(self.root, name, fmt)
+        self.saved[name] = Saved(path, fmt, family, self.twin.snapshot())
+        self._moment("mid-accumulation")
+        op = Step(self.twin.steps, *micro, save=path)
+        self.segment.ops.append(op)
+        self.twin.step(op, self.segment.scenario.dp_size)
+        self.trained_since = True
+        self._count("save_mid_step")
+        return name
 
     def do_freeze(self, name: str, frozen: bool = True) -> None:
         (self.frozen.add if frozen else self.frozen.discard)(name)
@@ -165,6 +220,7 @@ class SessionDriver:
         name = f"ckpt{len(self.saved)}-{fmt}-{family}"
         path = self.path(self.root, name, fmt)
         self.saved[name] = Saved(path, fmt, family, self.twin.snapshot())
+        self._moment()
         self.segment.ops.append(Save(path, fmt))
         self._count("save")
         return name
@@ -228,11 +284,14 @@ class SessionDriver:
         self.segment = Segment(
             scenario, fmt, (self.held,), structure, saved.path, strict, clause_id
         )
+        self.saved_here = self.trained_since = False  # fresh objects
         self._check(clause_id)
 
     def do_rebuild(self) -> None:
         path = self.path(self.root, f"rebuild{len(self.segment.ops)}", self.segment.fmt)
+        self._moment()
         self.segment.ops.append(Rebuild(path))
+        self.saved_here = False  # the objects are built again
         self._count("rebuild")
 
     def close(self) -> None:
@@ -246,21 +305,29 @@ class SessionDriver:
 
 def scripted_session(driver: type[SessionDriver], family: str) -> None:
     """Every rule once or more on :func:`covering_scenario` of ``family``, by construction
-    (the drawn sessions may miss a rule with few examples; ``ci`` draws 5 per family): five
-    rank jobs, the first three at world size 4."""
+    (the drawn sessions may miss a rule with few examples; ``ci`` draws 5 per family), and
+    a save at every moment of :data:`~suites.lib.shared.axes.MOMENTS`, each loaded back:
+    before the first step (loaded into fresh objects, whose optimizer must have no state,
+    then trained on), a second save of the same objects after more training (loaded through
+    the offline conversion), one between accumulated micro-batches (loaded into the live
+    objects after the step it interrupted). Five rank jobs, the first three at world size 4."""
     session = type(f"Scripted{family}", (driver,), {"family": family})()
     scenario = covering_scenario(family)
     other = next(f for f in FAMILIES if f != family)
     names = trainable(scenario)
     try:
-        session.begin(scenario, "sharded", names[-1], [(2, 0.5)])
+        session.begin(scenario, "sharded", names[-1], [])
+        zero = session.do_save()  # before the first step
+        session.do_train((2, 0.5))
         session.do_freeze(names[0])
         session.do_train((1, None))
-        first = session.do_save()
+        first = session.do_save()  # a second save: the objects saved and trained since
         session.do_add_group(0.2)
         session.do_freeze(names[0], frozen=False)
-        session.do_train((3, 0.5))
+        mid = session.do_save_mid_step((3, 0.5))
         second = session.do_save()
+        session.do_train((1, None))
+        session.do_load_live(mid, strict=True)  # back before the step it was taken in
         session.do_train((1, None))
         session.do_load_live(second, strict=False)
         session.do_rebuild()
@@ -272,7 +339,7 @@ def scripted_session(driver: type[SessionDriver], family: str) -> None:
         back = session.do_save()  # and back: the rule runs on both families' objects
         session.do_load_other_family(back, covering_scenario(family, 2), "sharded")  # job 3
         session.do_train((1, None))
-        session.do_load_fresh(second, covering_scenario(family, 2), "full", strict=False)
+        session.do_load_fresh(zero, covering_scenario(family, 2), "full", strict=False)
         session.do_train((2, None))
         session.finished = session.started = 1
     finally:
@@ -285,7 +352,8 @@ def short_session(driver: type[SessionDriver], scenario: Scenario, fmt: str) -> 
     covering configurations), in two rank jobs: the set-up probe and one segment, whose end
     state is also saved and loaded into fresh objects. The save comes while a parameter
     with optimizer state is frozen and after a group was added; the load brings both back,
-    and the parameter trains again from the state it kept."""
+    and the parameter trains again from the state it kept. The end state's save is a second
+    save of the same objects, after more training (:data:`SHORT_MOMENTS`)."""
     session = type(f"Short{scenario.family}", (driver,), {"family": scenario.family})()
     names = trainable(scenario)
     try:

@@ -25,6 +25,7 @@ from harness import MeshStrategy, RankContext, Strategy, Unsupported
 from harness.verdicts.attribution import clause_of
 from suites.lib.ranks.readers import gathered_grads, gathered_state
 from suites.lib.ranks.training import RankResult, Trained, setup, train
+from suites.lib.shared.arguments import arguments
 from suites.lib.shared.models import (
     BlockSpec,
     ModelSpec,
@@ -40,6 +41,7 @@ __all__ = [
     "MP_PRECISIONS",
     "PRECISIONS",
     "SPEC",
+    "probe_arguments",
     "scenario_of",
     "surface_rank",
 ]
@@ -78,6 +80,16 @@ def scenario_of(family: str, world: int, precision: str = "32-true", lr: float =
         config = MPConfig(dp, tp, tp_plan=plan, fsdp_classes=UNITS, precision=precision)
     optim = OptimSpec("sgd", lr=lr, momentum=0.0)
     return Scenario(world, SPEC, config, optim, TrainPlan(steps=1, batch_size=2, data_seed=1))
+
+
+def probe_arguments(probe: str, world: int) -> dict[str, tuple[str, ...]]:
+    """The argument values the probe ``probe`` passes at world size ``world`` (for the
+    coverage table: the probes run in one job that several checks share)."""
+    if probe == "api3":  # module_init_context
+        return arguments(empty_init=(False, None, True))
+    if probe == "api5":  # all_reduce, broadcast from rank 0 and the last rank
+        return arguments(reduce_op=("sum", "mean"), src=tuple(sorted({0, world - 1})))
+    return {}
 
 
 def _ready(ctx: RankContext, scenario: Scenario) -> Strategy:

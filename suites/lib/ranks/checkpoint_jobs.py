@@ -48,9 +48,11 @@ __all__ = [
     "error_scenario",
     "format_options",
     "load_rank",
+    "never_stepped",
     "nonpersistent_buffers",
     "path_for",
     "read_state",
+    "read_unstepped",
     "round_trip_rank",
     "save_rank",
     "train_plan",
@@ -81,6 +83,33 @@ def train_plan(t: Trained, scenario: Scenario, *, steps: int | None = None) -> R
 def read_state(t: Trained) -> dict[str, Any]:
     """The gathered model and optimizer state, read with torch's own APIs (a collective)."""
     return {"model": gathered_state(t.model), "optim": gathered_optim_state(t.model, t.optimizer)}
+
+
+def never_stepped(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` holds no state on any rank, as a plain optimizer before its first
+    step (a collective: an FSDP1 rank holding no part of a parameter has none of its state)."""
+    import torch.distributed as dist
+
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, not optimizer.state)
+    return all(everyone)
+
+
+def read_unstepped(t: Trained) -> dict[str, Any]:
+    """:func:`read_state` of objects whose optimizer may never have stepped (a collective).
+
+    torch's reader initializes the state of an optimizer that has none (a step at learning
+    rate 0, which counts as a step for Adam): when the optimizer had no state on any rank,
+    that state is the read's, and is dropped from the read and from the optimizer, whose
+    next step must then be a first step. An optimizer that has state (one a save stepped,
+    say) reads as it is.
+    """
+    fresh = never_stepped(t.optimizer)
+    out = read_state(t)
+    if fresh:
+        out["optim"]["state"] = {}
+        t.optimizer.state.clear()
+    return out
 
 
 def nonpersistent_buffers(model: torch.nn.Module, names: set[str]) -> dict[str, Tensor]:
@@ -215,7 +244,9 @@ def round_trip_rank(
             dtypes of the trained parameters and optimizer state (``dtypes``), for TRAIN-1,
             SHARD-2, CKPT-SAVE-7 and PREC-1/2/3. Off for plans that never step: reading an
             optimizer that never stepped initializes its state, which the save would then
-            hold.
+            hold. A plan that never steps reads with :func:`read_unstepped`, so an optimizer
+            without state reads as empty and stays so (the check asks exactly that of the
+            saved and the loaded optimizer: the save before the first step).
 
     Returns:
         ``saved``, ``loaded``, ``restored``, ``same_counter``, ``returned``, ``volatile``,
@@ -237,7 +268,8 @@ def round_trip_rank(
     t.strategy.save_checkpoint(
         path, {"model": t.model, "optimizer": t.optimizer, **make_metadata(plan.meta)}
     )
-    saved = read_state(t)  # after the save: reading may initialize a never-stepped optimizer
+    read = read_unstepped if plan.save.plan.steps == 0 else read_state
+    saved = read(t)  # after the save (which must not have stepped an optimizer without state)
 
     f = build(ctx, plan.load, plan.fmt)
     state: dict[str, Any] = {
@@ -247,7 +279,7 @@ def round_trip_rank(
     }
     counter = state.get("counter")
     returned = f.strategy.load_checkpoint(path, state)
-    loaded = read_state(f)
+    loaded = read(f)
     plain = build_model(plan.load.model, "meta")
     volatile = set(dict(plain.named_buffers())) - set(plain.state_dict())
     out = {

@@ -26,6 +26,7 @@ from suites.lib.ranks.checkpoint_jobs import (
     train_plan,
 )
 from suites.lib.ranks.training import end
+from suites.lib.shared.arguments import arguments, passes
 from suites.lib.shared.checkpoint_specs import CkptPlan
 from suites.lib.shared.files import files_digest
 from suites.lib.shared.models import ModelSpec, build_model
@@ -45,6 +46,7 @@ __all__ = [
 # --- save_checkpoint (test_checkpoint_errors.py) -----------------------------------------
 
 
+@passes(lambda family, directory: arguments(storage_options=(None, {"x": 1})))
 def save_contract_rank(ctx: Any, family: str, directory: str) -> dict[str, Any]:
     t = build(ctx, error_scenario(family, ctx.world_size), "sharded")
     other = t.strategy.setup_module(build_model(ERROR_SPEC))
@@ -115,6 +117,7 @@ def replace_rank(ctx: Any, family: str, directory: str) -> dict[str, Any]:
     return out
 
 
+@passes(lambda family, directory: arguments(filter=(None, "given")))
 def filter_rank(ctx: Any, family: str, directory: str) -> dict[str, Any]:
     from suites.lib.shared.checkpoint_specs import make_metadata
 
@@ -131,6 +134,14 @@ def filter_rank(ctx: Any, family: str, directory: str) -> dict[str, Any]:
     full.strategy.save_checkpoint(path, state, filter=keep)
     content = torch.load(path, weights_only=True)
     out: dict[str, Any] = {
+        "model": sorted(content["model"]),
+        "nested": sorted(content["nested"]),
+        "optimizer": "optimizer" in content,
+    }
+    whole = os.path.join(directory, "whole.pt")
+    full.strategy.save_checkpoint(whole, state, filter=None)  # the default: keeps everything
+    content = torch.load(whole, weights_only=True)
+    out["unfiltered"] = {
         "model": sorted(content["model"]),
         "nested": sorted(content["nested"]),
         "optimizer": "optimizer" in content,
@@ -252,6 +263,7 @@ def _two_checkpoints(
     return a, b, paths[0], paths[1]
 
 
+@passes(lambda plan, directory, models: arguments(strict=True))
 def strict_rank(
     ctx: Any, plan: CkptPlan, directory: str, models: tuple[ModelSpec, ModelSpec]
 ) -> dict[str, Any]:
@@ -272,6 +284,7 @@ def strict_rank(
     return out
 
 
+@passes(lambda plan, directory, models: arguments(strict=False))
 def non_strict_rank(
     ctx: Any, plan: CkptPlan, directory: str, models: tuple[ModelSpec, ModelSpec]
 ) -> dict[str, Any]:

@@ -82,6 +82,8 @@ def buffer_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
         "saved": None if buffer is None else (str(buffer.dtype), tuple(buffer.shape)),
         "value": buffer,
         "offset_saved": "scale.offset" in state,
+        "layout": {k: (str(v.dtype), tuple(v.shape)) for k, v in state.items()},
+        "counters": {k: v for k, v in state.items() if not v.is_floating_point()},
     }
 
 

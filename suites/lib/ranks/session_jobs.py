@@ -84,6 +84,9 @@ def _take_step(t: Trained, scenario: Scenario, step: Step, dp_rank: int) -> None
         accumulate = micro < step.micro - 1
         with clause("SYNC-1"), t.strategy.no_backward_sync(t.model, enabled=accumulate):
             micro_step(t, sc, step.index, micro, dp_rank)
+        if micro == 0 and step.save is not None:  # mid-accumulation: gradients pending
+            with clause("TRAIN-4"):
+                t.strategy.save_checkpoint(step.save, _state(t))
     if step.clip is not None:
         with clause("CLIP-1"):
             t.strategy.clip_gradients_norm(t.model, t.optimizer, max_norm=step.clip)
@@ -164,8 +167,8 @@ def _read(t: Trained) -> dict[str, Any]:
     optimizer state while others have (the held-back parameter before its group is added,
     or after, until it steps): such a parameter reads as frozen for the read. And torch
     initializes the state of an optimizer that never stepped (on any rank) before reading
-    it: that state is the read's, not the strategy's, and is dropped (the plain optimizer
-    has none).
+    it: that state is the read's, not the strategy's, and is dropped, from the read and from
+    the optimizer (the plain optimizer has none, and its first step must be a first step).
     """
     params = [p for p in t.model.parameters() if p.requires_grad]
     stateless = _on_every_rank([p not in t.optimizer.state for p in params])
@@ -182,6 +185,7 @@ def _read(t: Trained) -> dict[str, Any]:
             param.requires_grad_(True)
     if fresh:
         out["optim"]["state"] = {}
+        t.optimizer.state.clear()
     return out
 
 

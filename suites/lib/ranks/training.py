@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from harness import RankContext, Strategy
 from harness.verdicts.attribution import clause
 from suites.lib.ranks.readers import gathered_grads, gathered_state
+from suites.lib.shared.arguments import passes, plan_arguments
 from suites.lib.shared.models import Linear, build_model, make_batch
 from suites.lib.shared.specs import Scenario
 
@@ -120,7 +121,8 @@ def train(
     """Run the scenario's plan; record losses and clip norms into ``result``.
 
     All micro-batches but the last of a step run under ``no_backward_sync(enabled=True)``;
-    with one micro-batch the context is entered with ``enabled=False`` (a no-op).
+    with one micro-batch the context is entered with ``enabled=False`` (a no-op). A clipped
+    plan passes its ``norm_type`` and ``error_if_nonfinite``.
 
     Args:
         t: the set-up objects.
@@ -140,7 +142,13 @@ def train(
         result.losses.append(losses)
         if plan.clip is not None:
             with clause("CLIP-1"):
-                norm = t.strategy.clip_gradients_norm(t.model, t.optimizer, max_norm=plan.clip)
+                norm = t.strategy.clip_gradients_norm(
+                    t.model,
+                    t.optimizer,
+                    max_norm=plan.clip,
+                    norm_type=plan.norm_type,
+                    error_if_nonfinite=plan.error_if_nonfinite,
+                )
             result.norms.append(float(norm))
         if grads and step == steps - 1:
             result.grads = gathered_grads(t.model)
@@ -149,6 +157,7 @@ def train(
         t.optimizer.zero_grad()
 
 
+@passes(lambda scenario, grads=False: plan_arguments(scenario))
 def train_rank(ctx: RankContext, scenario: Scenario, grads: bool = False) -> RankResult:
     """Rank function: set up, train the plan, return the gathered state (and grads).
 

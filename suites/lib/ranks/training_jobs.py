@@ -16,6 +16,7 @@ from harness import RankContext
 from suites.lib.ranks.readers import gathered_state
 from suites.lib.ranks.structure import sync_flags, sync_flags_after_a_raise
 from suites.lib.ranks.training import RankResult, end, micro_step, setup
+from suites.lib.shared.arguments import arguments, passes
 from suites.lib.shared.models import build_model, clean_name
 from suites.lib.shared.parallelize import parallelize_zoo
 from suites.lib.shared.specs import FSDPConfig, Scenario
@@ -46,6 +47,7 @@ def frozen_tied_rank(ctx: Any, scenario: Scenario) -> RankResult:
     return result
 
 
+@passes(lambda scenario: arguments(enabled=(False, True), empty_init=scenario.empty_init))
 def no_sync_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
     t = setup(ctx, scenario)
     out: dict[str, Any] = {"before": sync_flags(t.model)}
@@ -79,6 +81,13 @@ def no_sync_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
     return out
 
 
+@passes(
+    lambda family, which: (
+        arguments(enabled=(False, True))
+        if which == "no_backward_sync"
+        else arguments(enabled=False, norm_type=2.0, error_if_nonfinite=True)
+    )
+)
 def type_error_rank(ctx: RankContext, family: str, which: str) -> str:
     options: dict[str, Any] = {}
     if family == "model_parallel":
@@ -102,42 +111,86 @@ def type_error_rank(ctx: RankContext, family: str, which: str) -> str:
     return "no error"
 
 
+@passes(
+    lambda scenario: arguments(
+        norm_type=(0.0, scenario.plan.norm_type),
+        error_if_nonfinite=(True, False),
+        empty_init=scenario.empty_init,
+    )
+)
 def nonfinite_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
+    """CLIP-1 at its edges, with the plan's ``norm_type``: ``norm_type=0`` (no norm) must be
+    refused with the gradients unchanged; then, for each of ``inf`` and ``nan`` in turn, the
+    gradients of a fresh backward get one element set to it and are clipped to ``1e-3`` with
+    ``error_if_nonfinite=True`` (must raise, gradients unchanged) and then ``False``: the
+    returned norm and this rank's local gradients before and after are reported."""
     from torch.distributed.tensor import DTensor
 
+    norm_type = scenario.plan.norm_type
     t = setup(ctx, scenario)
-    micro_step(t, scenario, 0, 0, t.strategy.distributed_sampler_kwargs["rank"])
-    grads = [p.grad for p in t.model.parameters() if p.grad is not None]
-    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
-    poisoned = next((g for g in local if g.numel() > 0), None)
+    dp_rank = t.strategy.distributed_sampler_kwargs["rank"]
     # replicated gradients (NO_SHARD, the replicas of HYBRID) are poisoned on every rank, as
-    # real replicas would be; sharded ones only on the first rank that holds any gradient,
-    # so that the other ranks must learn of it from the collective norm
+    # real replicas would be; sharded ones only on one rank that holds any gradient, so that
+    # the other ranks must learn of it from the collective norm: inf on the first such rank,
+    # nan on the last (a MAX reduction of gloo drops a nan that is not rank 0's)
     replicated = isinstance(scenario.strategy, FSDPConfig) and (
         scenario.strategy.sharding_strategy == "NO_SHARD"
         or "HYBRID" in scenario.strategy.sharding_strategy
     )
-    holders = [torch.zeros(1, dtype=torch.long, device=ctx.device) for _ in range(ctx.world_size)]
-    dist.all_gather(holders, torch.tensor([int(poisoned is not None)], device=ctx.device))
-    first = min(i for i, h in enumerate(holders) if int(h))
-    if poisoned is not None and (replicated or ctx.rank == first):
-        poisoned.view(-1)[0] = float("inf")
-    before = [g.clone() for g in local]
     out: dict[str, Any] = {}
-    try:
-        t.strategy.clip_gradients_norm(t.model, t.optimizer, max_norm=1e-3)
-        out["raised"] = "nothing"
-    except RuntimeError as exc:
-        out["raised"] = f"RuntimeError: {exc}"
-    out["unchanged"] = all(torch.equal(a, b) for a, b in zip(before, local, strict=True))
-    norm = t.strategy.clip_gradients_norm(
-        t.model, t.optimizer, max_norm=1e-3, error_if_nonfinite=False
-    )
-    out["norm"] = float(norm)
+    for poison in ("inf", "nan"):
+        t.optimizer.zero_grad(set_to_none=True)
+        micro_step(t, scenario, 0, 0, dp_rank)
+        grads = [p.grad for p in t.model.parameters() if p.grad is not None]
+        local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+        if poison == "inf":  # norm_type=0 first, on finite gradients
+            before = [g.clone() for g in local]
+            try:
+                t.strategy.clip_gradients_norm(t.model, t.optimizer, max_norm=1.0, norm_type=0.0)
+                out["zero"] = "nothing"
+            except ValueError as exc:
+                out["zero"] = f"ValueError: {exc}"
+            out["zero_unchanged"] = _same(before, local)
+        poisoned = next((g for g in local if g.numel() > 0), None)
+        holders = [
+            torch.zeros(1, dtype=torch.long, device=ctx.device) for _ in range(ctx.world_size)
+        ]
+        dist.all_gather(holders, torch.tensor([int(poisoned is not None)], device=ctx.device))
+        holding = [i for i, h in enumerate(holders) if int(h)]
+        chosen = holding[0] if poison == "inf" else holding[-1]
+        if poisoned is not None and (replicated or ctx.rank == chosen):
+            poisoned.view(-1)[0] = float(poison)
+        seen: dict[str, Any] = {}
+        before = [g.clone() for g in local]
+        try:
+            t.strategy.clip_gradients_norm(
+                t.model, t.optimizer, max_norm=1e-3, norm_type=norm_type, error_if_nonfinite=True
+            )
+            seen["raised"] = "nothing"
+        except RuntimeError as exc:
+            seen["raised"] = f"RuntimeError: {exc}"
+        seen["unchanged"] = _same(before, local)
+        before = [g.clone() for g in local]
+        norm = t.strategy.clip_gradients_norm(
+            t.model, t.optimizer, max_norm=1e-3, norm_type=norm_type, error_if_nonfinite=False
+        )
+        seen["norm"] = float(norm)
+        seen["before"] = [g.detach().to("cpu", copy=True) for g in before]
+        seen["after"] = [g.detach().to("cpu", copy=True) for g in local]
+        out[poison] = seen
     end(t.strategy)
     return out
 
 
+def _same(before: list[torch.Tensor], after: list[torch.Tensor]) -> bool:
+    """Whether the gradients are unchanged, a nan being the same as a nan."""
+    return all(
+        torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+        for a, b in zip(before, after, strict=True)
+    )
+
+
+@passes(lambda scenario: arguments(empty_init=scenario.empty_init))
 def init_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
     t = setup(ctx, scenario)
     plain = build_model(scenario.model, "meta")

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from suites.lib.shared.specs import FSDPConfig, Scenario
 
-__all__ = ["AXES", "scenario_axes"]
+__all__ = ["AXES", "MOMENTS", "moment_pairs", "scenario_axes"]
 
 #: the axes, in the order the coverage table shows them
-AXES = ("family", "sharding", "precision", "wrap", "world_size", "checkpoint", "model")
+AXES = ("family", "sharding", "precision", "wrap", "world_size", "checkpoint", "model", "moment")
 
 
 def _sharding(scenario: Scenario) -> str:
@@ -51,6 +51,8 @@ def _model_kinds(scenario: Scenario) -> tuple[str, ...]:
         kinds.append("frozen parameters")
     if model.scale:
         kinds.append("buffers")
+    if model.running_stats:
+        kinds.append("running statistics")
     return tuple(sorted(set(kinds)))
 
 
@@ -72,3 +74,27 @@ def scenario_axes(scenario: Scenario, fmt: str | None = None) -> dict[str, tuple
     if fmt is not None:
         axes["checkpoint"] = (fmt,)
     return axes
+
+
+#: When a job saves a checkpoint (the ``moment`` axis; CKPT-RT-1/2 and TRAIN-4 name it in
+#: their scope): after an optimizer step (the ordinary moment); before the first step, when
+#: the optimizer has no state yet (a recipe validating its checkpointing at step 0); a second
+#: save of the same objects after more training; between the micro-batches of an accumulated
+#: step, gradients pending (a time-based or pre-emption save). A job reports the moments of
+#: its saves (``moments`` of its plan or segment: :mod:`suites.lib.controller.dispatch`).
+MOMENTS = ("after a step", "before first step", "second save", "mid-accumulation")
+
+
+def moment_pairs(
+    moments: tuple[str, ...], values: dict[str, set[str]]
+) -> set[tuple[str, str, str, str]]:
+    """Pairs of the coverage's universe (axes in name order) that put each of ``moments``
+    beside each of ``values`` (axis -> values): what a suite declares for the moments its
+    checks reach by construction (``HarnessSession.note_universe``)."""
+    found: set[tuple[str, str, str, str]] = set()
+    for moment in moments:
+        for axis, seen in values.items():
+            for value in seen:
+                (a, va), (b, vb) = sorted([("moment", moment), (axis, value)])
+                found.add((a, va, b, vb))
+    return found

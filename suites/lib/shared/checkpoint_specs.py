@@ -92,6 +92,9 @@ class CkptPlan:
             seed and learning rate so that a loader that does nothing is caught).
         meta: kinds of user metadata saved beside the model.
         requested: the metadata keys requested on load (the rest must be returned).
+        moments: the moments (:data:`suites.lib.shared.axes.MOMENTS`) its job saves at, as
+            the coverage's ``moment`` axis reports them: given by the checks of the clauses
+            whose scope names the axis (empty: not reported).
     """
 
     save: Scenario
@@ -99,6 +102,7 @@ class CkptPlan:
     load: Scenario
     meta: tuple[str, ...] = ("int",)
     requested: tuple[str, ...] = ("step",)
+    moments: tuple[str, ...] = ()
 
     @property
     def worlds(self) -> str:

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = [
+    "BatchNorm",
     "Embedding",
     "LayerNorm",
     "Linear",
@@ -122,6 +123,55 @@ class LayerNorm(Seeded, nn.LayerNorm):
         if gen is not None:
             fill(self.weight, 1 + 0.1 * normal(gen, self.weight.shape))
             fill(self.bias, 0.1 * normal(gen, self.bias.shape))
+
+
+def norm_positions(dim: int) -> int:
+    """The positions a :class:`BatchNorm` over ``dim`` features views each sample as: the
+    smallest divisor of ``dim`` that is at least 3 (``dim`` itself when none is smaller).
+
+    Each channel's statistics then cover at least 3 values even in a batch of one sample:
+    BatchNorm refuses one value per channel in training, and two come out as ``(+1, -1)``
+    times the weight whatever the input, so the gradient they pass back is rounding noise
+    (as for a two-wide LayerNorm token: see ``scenarios._token_counts``).
+    """
+    return next(p for p in range(3, dim + 1) if dim % p == 0) if dim >= 3 else dim
+
+
+class BatchNorm(Seeded, nn.BatchNorm1d):
+    """``nn.BatchNorm1d`` over ``(batch, dim)`` viewed as ``(batch, dim / positions,
+    positions)`` (:func:`norm_positions`), with a seeded init.
+
+    Its state is what real normalization layers carry: affine ``weight``/``bias``, two
+    floating buffers (``running_mean``, ``running_var``) and an int64 counter
+    (``num_batches_tracked``), all persistent, the buffers updated by every forward in
+    training mode (momentum 0.1). The init is non-trivial, the counter included (as when
+    fine-tuning from a pretrained model), so that a buffer rounded to a low dtype, swapped
+    with another or reset on load changes a value the suites compare.
+    """
+
+    running_mean: Tensor
+    running_var: Tensor
+    num_batches_tracked: Tensor
+
+    def __init__(self, dim: int, *, key: tuple[int, str]):
+        self.positions = norm_positions(dim)
+        super().__init__(dim // self.positions)
+        self._seed(key)
+
+    def reset_parameters(self) -> None:
+        gen = self._generator()
+        if gen is None:
+            return
+        shape = self.running_mean.shape
+        fill(self.weight, 1 + 0.1 * normal(gen, self.weight.shape))
+        fill(self.bias, 0.1 * normal(gen, self.bias.shape))
+        fill(self.running_mean, 0.1 * normal(gen, shape))
+        fill(self.running_var, 1 + uniform(gen, shape, 0.25))
+        start = torch.randint(1, 10, (), generator=gen, device=gen.device)
+        fill(self.num_batches_tracked, start.to(torch.int64))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return super().forward(x.unflatten(-1, (-1, self.positions))).flatten(-2)
 
 
 class Scale(Seeded, nn.Module):

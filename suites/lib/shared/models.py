@@ -10,7 +10,9 @@ The zoo looks like the models people shard: besides MLP blocks it has a tiny pre
 transformer block (:class:`AttentionBlock`: hand-written q/k/v/o attention or
 ``nn.MultiheadAttention``, rotary position tables held as non-persistent buffers), a
 parameter owned by the root module itself (``ModelSpec.root_param``), a block called twice
-in one forward (``ModelSpec.shared``) and tied input/output embeddings (``ModelSpec.tied``).
+in one forward (``ModelSpec.shared``), tied input/output embeddings (``ModelSpec.tied``) and
+a BatchNorm whose running statistics every training forward updates
+(``ModelSpec.running_stats``: two float buffers and an int64 counter).
 
 Inputs are ``(batch, features)``; an attention block splits each sample's hidden vector
 into ``tokens`` tokens (``(B, hidden) -> (B, tokens, hidden / tokens)``) and attends among
@@ -18,8 +20,9 @@ the tokens of that sample only, so samples stay independent: the data-parallel r
 batches compose to the plain model's result exactly as for the MLP blocks.
 
 The layers live in :mod:`suites.lib.shared.layers` (seeded ``Linear``, ``Embedding``,
-``LayerNorm``, ``Scale``) and :mod:`suites.lib.shared.attention` (attention and rotary
-tables); this module builds the blocks and the model from them and re-exports them.
+``LayerNorm``, ``BatchNorm``, ``Scale``) and :mod:`suites.lib.shared.attention` (attention
+and rotary tables); this module builds the blocks and the model from them and re-exports
+them.
 
 The module classes carry stable names (``Block``, ``NestedBlock``, ``Scale``, ...) because
 wrap and checkpointing policies select modules by class; scenarios refer to them by name
@@ -37,6 +40,7 @@ from torch import Tensor, nn
 
 from suites.lib.shared.attention import HEAD_DIM, HandAttention, MHAAttention, Rotary, SeededMHA
 from suites.lib.shared.layers import (
+    BatchNorm,
     Embedding,
     LayerNorm,
     Linear,
@@ -53,6 +57,7 @@ __all__ = [
     "HEAD_DIM",
     "MODULE_CLASSES",
     "AttentionBlock",
+    "BatchNorm",
     "Block",
     "BlockSpec",
     "Embedding",
@@ -129,6 +134,10 @@ class ModelSpec:
             before and after the trunk: one module, one set of parameters, two uses.
         shared_ffn: the shared Block's MLP width.
         frozen: qualified names of parameters with ``requires_grad=False``.
+        running_stats: a ``bn`` :class:`~suites.lib.shared.layers.BatchNorm` right after the
+            input layer (running mean and variance, an int64 counter, updated by every
+            training forward); the inputs of such a model are the same on every
+            data-parallel rank (see :func:`make_batch`).
         seed: seeds every module's ``reset_parameters``.
     """
 
@@ -143,6 +152,7 @@ class ModelSpec:
     shared: bool = False
     shared_ffn: int = 4
     frozen: tuple[str, ...] = ()
+    running_stats: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -233,8 +243,8 @@ class AttentionBlock(nn.Module):
 
 
 class ZooModel(Seeded, nn.Module):
-    """Input layer, optional shared Block, trunk of blocks, shared Block again, optional
-    root ``gain``, optional Scale, head (optionally tied to the input)."""
+    """Input layer, optional BatchNorm, optional shared Block, trunk of blocks, shared Block
+    again, optional root ``gain``, optional Scale, head (optionally tied to the input)."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
@@ -244,6 +254,8 @@ class ZooModel(Seeded, nn.Module):
             self.embed = Embedding(spec.vocab, spec.hidden, key=(s, "embed"))
         else:
             self.inp = Linear(spec.in_features, spec.hidden, key=(s, "inp"))
+        if spec.running_stats:
+            self.bn = BatchNorm(spec.hidden, key=(s, "bn"))
         if spec.shared:
             self.shared = Block(spec.hidden, spec.shared_ffn, True, seed=s, name="shared")
         self.blocks = nn.ModuleList(self._block(b, i) for i, b in enumerate(spec.blocks))
@@ -279,6 +291,8 @@ class ZooModel(Seeded, nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.embed(x) if self.spec.vocab > 0 else self.inp(x)
+        if self.spec.running_stats:
+            h = self.bn(h)
         if self.spec.shared:
             h = self.shared(h)
         for block in self.blocks:
@@ -306,6 +320,7 @@ MODULE_CLASSES: dict[str, type[nn.Module]] = {
         Linear,
         Embedding,
         LayerNorm,
+        BatchNorm,
         ZooModel,
     )
 }
@@ -346,14 +361,32 @@ def make_batch(
     Returns:
         ``(x, y)``: ``x`` is int64 token ids ``(batch_size,)`` when ``spec.vocab > 0``, else
         float32 ``(batch_size, in_features)``; ``y`` is float32 ``(batch_size, out)``.
+
+    [Note: running statistics see the same inputs on every rank] A BatchNorm updates its
+    running statistics from the batch it normalizes, and a sharded strategy does not
+    synchronize buffers (FSDP neither broadcasts nor reduces them): with inputs of their
+    own, the data-parallel ranks would end with running statistics of their own, no
+    checkpoint (which holds one copy) could equal every rank's state, and no plain model
+    could be the reference. For a model with ``running_stats``, ``x`` is therefore drawn
+    without ``dp_rank``, the same on every rank, while ``y`` is still each rank's own, so
+    the gradients still differ between ranks and their reduction is still checked. The
+    plain reference counts one update per micro-batch, as each rank does
+    (:func:`suites.lib.controller.oracles.reference_run`).
     """
     gen = torch.Generator().manual_seed(seed_for(data_seed, "data", step, micro, dp_rank))
-    if spec.vocab > 0:
-        x = torch.randint(0, spec.vocab, (batch_size,), generator=gen)
-    else:
-        x = torch.randn(batch_size, spec.in_features, generator=gen, dtype=torch.float32)
+    if spec.running_stats:  # see the note above: x from a generator every rank shares
+        shared = torch.Generator().manual_seed(seed_for(data_seed, "data", step, micro, "x"))
+        x = _inputs(spec, shared, batch_size)
+        return x, torch.randn(batch_size, spec.out, generator=gen, dtype=torch.float32)
+    x = _inputs(spec, gen, batch_size)
     y = torch.randn(batch_size, spec.out, generator=gen, dtype=torch.float32)
     return x, y
+
+
+def _inputs(spec: ModelSpec, gen: torch.Generator, batch_size: int) -> Tensor:
+    if spec.vocab > 0:
+        return torch.randint(0, spec.vocab, (batch_size,), generator=gen)
+    return torch.randn(batch_size, spec.in_features, generator=gen, dtype=torch.float32)
 
 
 def tp_widths(spec: ModelSpec) -> list[int]:

@@ -31,11 +31,14 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Step:
-    """One optimizer step: global data index, micro-batches, clip ``max_norm`` or None."""
+    """One optimizer step: global data index, micro-batches, clip ``max_norm`` or None; with
+    ``save`` (a path), a save there after the first micro-batch, its gradients accumulated
+    and the step not taken yet (the ``mid-accumulation`` moment)."""
 
     index: int
     micro: int
     clip: float | None
+    save: str | None = None
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,8 @@ class Segment:
     for a checkpoint converted offline, ``CKPT-RT-6`` for one of the other family). With
     ``probe`` (a checkpoint path), the job also saves the state the ops reach there and
     loads it into fresh objects of the same structure: what the check compares twice.
+    ``moments`` are the moments of its saves (:data:`suites.lib.shared.axes.MOMENTS`), for
+    the coverage's ``moment`` axis.
     """
 
     scenario: Scenario
@@ -116,6 +121,7 @@ class Segment:
     load_clause: str = "TRAIN-4"
     ops: list[Op] = field(default_factory=list)
     probe: str | None = None
+    moments: list[str] = field(default_factory=list)
 
 
 def after(structure: Structure, op: Freeze | AddGroup) -> Structure:

@@ -230,6 +230,9 @@ class TrainPlan:
         loss_scale: the loss is ``mse * loss_scale`` (< 1 under ``16-mixed``, so that the
             grad scaler's initial 65536 does not overflow fp16 on the first steps and skip
             them, which the reference would not).
+        norm_type: ``clip_gradients_norm``'s ``norm_type`` when clipping (``math.inf``: the
+            max norm).
+        error_if_nonfinite: ``clip_gradients_norm``'s ``error_if_nonfinite`` when clipping.
     """
 
     steps: int = 2
@@ -238,6 +241,8 @@ class TrainPlan:
     clip: float | None = None
     data_seed: int = 0
     loss_scale: float = 1.0
+    norm_type: float = 2.0
+    error_if_nonfinite: bool = True
 
 
 @dataclass(frozen=True)

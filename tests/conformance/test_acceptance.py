@@ -73,13 +73,13 @@ def test_broken_strategy_fails_naming_clause_and_scenario(tmp_path: Path) -> Non
 def test_refusing_strategy_gives_skips_naming_the_option(tmp_path: Path) -> None:
     done, report = run_suites(tmp_path, "fsdp_only", "-k", "model_parallel", "--conformance-strict")
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
-    assert report["counts"]["unsupported"] == 2
+    assert report["counts"]["unsupported"] == 3  # the parity, the layout and the moments check
     for check in report["checks"]:
         assert check["outcome"] == "unsupported", check
         assert check["failure"] == (
             "unsupported: family=model_parallel (this strategy has no tensor parallelism)"
         )
     assert (
-        "conformance-strict: FAILED: the strategy declared every check it met unsupported (2)"
+        "conformance-strict: FAILED: the strategy declared every check it met unsupported (3)"
         in done.stdout
     )

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from harness.api import max_world_size, run_on_ranks, world_sizes
     from harness.contract import MeshStrategy, Strategy, StrategySpec, Unsupported
     from harness.rank.context import RankContext
-    from harness.verdicts.attribution import clause
+    from harness.verdicts.attribution import clause, looking
     from harness.verdicts.outcomes import Outcome, RankFailure
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "StrategySpec",
     "Unsupported",
     "clause",
+    "looking",
     "max_world_size",
     "run_on_ranks",
     "world_sizes",
@@ -38,6 +39,7 @@ _HOMES = {
     "StrategySpec": "harness.contract",
     "Unsupported": "harness.contract",
     "clause": "harness.verdicts.attribution",
+    "looking": "harness.verdicts.attribution",
     "max_world_size": "harness.api",
     "run_on_ranks": "harness.api",
     "world_sizes": "harness.api",

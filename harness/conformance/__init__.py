@@ -116,7 +116,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="write report.json and report.md (outcomes by check and by clause), summary.md "
         "(short, for a PR comment) and report.html (for a browser) into DIR.",
     )
+    group.addoption(
+        "--reproduce-failure",
+        default=None,
+        metavar="VERSION:BLOB",
+        help="replay the exact failing example of the one selected check (a finding's "
+        "reproduce line carries it; Hypothesis prints it as @reproduce_failure).",
+    )
     inplay.remember_options(group)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """``--reproduce-failure``: give the one selected check its example to replay."""
+    value = session.config.getoption("reproduce_failure", None)
+    if value:
+        from harness.conformance.replay import apply
+
+        apply(value, session.items)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -176,6 +193,11 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
     selection) and exit 0."""
     if getattr(config.option, "help", False) or getattr(config.option, "version", False):
         return None
+    replay = config.getoption("reproduce_failure", None)
+    if replay:
+        from harness.conformance.replay import parse
+
+        parse(replay)
     patterns = config.getoption("clauses")
     if patterns is None and not config.getoption("list_clauses"):
         check_report_dir(config.getoption("conformance_report"))

@@ -110,7 +110,7 @@ class ShrinkPolicy:
             check.first_failure_at = time.perf_counter()
         attribution = self.findings.resolve(attribute(exc, check.clauses))
         clauses, _ = attributed_clauses(check.clauses, attribution)
-        known = self.findings.match(attribution, clauses)
+        known = self.findings.match(attribution, clauses) or self.findings.explaining(attribution)
         if known is not None and known.first_check != check.id:
             check.stop_shrinking = True
             shrink_once()

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from harness.config import HarnessConfig, describe_backends
+from harness.conformance.replay import as_option
 from harness.run.session import session_of
 
 __all__ = ["environment", "reproducer", "run", "strategy", "suite_version"]
@@ -34,7 +35,6 @@ _CARRIED = (
     "--hypothesis-seed",
 )
 _SEED = re.compile(r"--hypothesis-seed=(-?\d+)")
-_BLOB = re.compile(r"@reproduce_failure\(\s*'[^']*'\s*,\s*b'[^']*'\s*\)")
 
 
 def _version(distribution: str) -> str | None:
@@ -206,7 +206,7 @@ def reproducer(config: pytest.Config, nodeid: str, text: str) -> str:
             f"torchrun --nnodes {attach.nnodes} --nproc-per-node {attach.local_world_size} "
             f"-m harness.attach -- {line}"
         )
-    blob = _BLOB.search(text)
-    if blob:
-        line += f"  # to replay the exact example, add {blob.group(0)} to the test"
+    replay = as_option(text)
+    if replay:  # the exact failing example, replayed without editing the suite
+        line += f" {replay}"
     return line

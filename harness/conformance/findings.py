@@ -1,7 +1,10 @@
 """Findings: failures grouped by root cause, each under the clause it breaks.
 
 Checks that failed with the same signature (:mod:`harness.conformance.signatures`) share one
-finding; so does the same error raised at the same place in checks of different clauses. The
+finding; so does the same error raised at the same place in checks of different clauses, and
+the same wrong nested value reported by checks of different clauses (the finding then lists
+each clause). A check whose failure was met looking through a method a finding already
+explains is ``blocked`` by it ([Note: looking through]). The
 report leads with the findings, each with the clause's text, its example and a reproducer,
 and the checks it affected.
 
@@ -62,6 +65,8 @@ class Findings:
         self.by_place: dict[str, Finding] = {}  # findings of errors a clause was named for
         #: findings of untagged errors (of all the check's clauses), by place
         self.by_untagged_place: dict[str, Finding] = {}
+        #: findings of a suite's report of a wrong nested value, by that difference
+        self.by_difference: dict[str, Finding] = {}
 
     def resolve(self, attribution: Attribution) -> Attribution:
         """An untagged error raised where a tagged finding's error was is that finding's
@@ -88,7 +93,18 @@ class Findings:
         known = self.by_signature.get(attribution.signature(clauses))
         if known is None and not attribution.clause and attribution.place:
             known = self.by_untagged_place.get(attribution.place)
+        if known is None and attribution.same_difference:
+            known = self.by_difference.get(attribution.same_difference)
         return known
+
+    def explaining(self, attribution: Attribution) -> Finding | None:
+        """The finding that explains a failure met looking through other clauses' methods: the
+        first (not only late) finding under one of ``attribution.through``, or None."""
+        wanted = set(attribution.through)
+        return next(
+            (f for f in self if not f.late and wanted & set(f.clauses)),
+            None,
+        )
 
     def record(
         self,
@@ -125,6 +141,8 @@ class Findings:
                 self.by_place.setdefault(attribution.place, finding)
             elif attribution.place:
                 self.by_untagged_place.setdefault(attribution.place, finding)
+            if attribution.same_difference:
+                self.by_difference.setdefault(attribution.same_difference, finding)
         finding.clauses.extend(c for c in clauses if c not in finding.clauses)
         finding.seen_late = finding.seen_late or late
         finding.add_check(check_id)

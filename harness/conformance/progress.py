@@ -17,10 +17,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["EVERY_S", "Progress", "duration"]
+__all__ = ["EVERY_S", "Progress", "duration", "unprefixed"]
 
 #: seconds between two progress lines (the first comes after as long)
 EVERY_S = 60.0
+
+
+def unprefixed(message: str, clauses: list[str]) -> str:
+    """The first line of ``message`` without the clause ids it starts with (the line that
+    names them already says them: no "CL-1: CL-1: ...")."""
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    while any(first.startswith(f"{clause}: ") for clause in clauses):
+        first = first.split(": ", 1)[1]
+    return first
 
 
 def duration(seconds: float) -> str:
@@ -63,9 +72,7 @@ class Progress:
         if self.write is None or finding_id in self.announced:
             return
         self.announced.add(finding_id)
-        first = message.strip().splitlines()[0] if message.strip() else "(no message)"
-        while any(first.startswith(f"{clause}: ") for clause in clauses):  # no "CL-1: CL-1:"
-            first = first.split(": ", 1)[1]
+        first = unprefixed(message, clauses) or "(no message)"
         if len(first) > 160:
             first = first[:157] + "..."
         self.write(f"shardcheck: {finding_id} new finding, {', '.join(clauses)}: {first}")

@@ -252,6 +252,8 @@ class ConformancePlugin:
         outcome, message = classify_report(report)
         if outcome is not None:
             check.settle(outcome, message, failure_text(report))
+            if report.failed and (pointer := self.triage.known_finding_line(check)):
+                report.longrepr = pointer  # an earlier check's finding explains it: one line
         junit.annotate(report, check)
         if report.when == "teardown":
             self.triage.finished(check)

@@ -16,16 +16,17 @@ from __future__ import annotations
 import re
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 
-from harness.verdicts.attribution import LateViolation, clause_of
+from harness.verdicts.attribution import LateViolation, clause_of, looked_through
 from harness.verdicts.outcomes import RankFailure
 
 __all__ = [
     "Attribution",
     "attribute",
+    "difference",
     "is_failure",
     "late_attribution",
     "mask",
@@ -53,6 +54,10 @@ _KEY_CHARS = 160
 _RANK_ERROR = re.compile(
     r"^rank \d+: ((?:[\w]+\.)*[A-Z]\w*(?:Error|Exception|Warning)?): (.*)$", re.M
 )
+#: a suite's report of a nested value that differs, after the words that say where:
+#: ``... loaded at world size 2 (fsdp): optimizer['state']['fc.bias']['exp_avg']: 3 of 4 ...``
+_NESTED = re.compile(r"(?<![\w\]])(\w+)((?:\[[^\[\]]*\])+): (.+)$")
+_SUBSCRIPT = re.compile(r"\[[^\[\]]*\]")
 #: a suite's assertion message that starts with the clause it checks: ``"CKPT-RT-1: ..."``
 _NAMED_CLAUSE = re.compile(r"^\s*(?:rank \d+: )?([A-Z]+(?:-[A-Z]+)*-\d+):")
 
@@ -79,6 +84,11 @@ class Attribution:
         where: ``file:line function`` of the innermost frame outside shardcheck, or of the
             assertion.
         message: the unmasked first line (for the report).
+        through: the clauses whose methods the failing code looked through
+            (``harness.looking``; [Note: looking through]).
+        difference: for a suite's assertion that a nested value differs, that difference
+            alone (``optimizer['state'][…]: N of N elements differ from what was saved``):
+            the same wrong value whichever check, family, format or rank met it.
     """
 
     clause: str
@@ -87,6 +97,8 @@ class Attribution:
     key: str
     where: str
     message: str
+    through: tuple[str, ...] = ()
+    difference: str = ""
 
     @property
     def place(self) -> str:
@@ -100,7 +112,25 @@ class Attribution:
         """The grouping key, for a failure of a check declaring ``clauses``."""
         named = self.clause or ",".join(clauses)
         place = "" if self.kind == "assertion" else f" @ {_strip_line(self.where)}"
-        return f"{named}: {self.type_name}: {self.key}{place}"
+        return f"{named}: {self.type_name}: {self.difference or self.key}{place}"
+
+    @property
+    def same_difference(self) -> str:
+        """The key of a suite's report of a wrong nested value, without the clause: one wrong
+        value met by checks of several clauses (a load that drops the optimizer state fails
+        every round trip alike), or ``""``."""
+        return f"{self.type_name}: {self.difference}" if self.difference else ""
+
+
+def difference(first_line: str) -> str:
+    """The masked nested difference a suite's assertion reports, without the words before it
+    that say where it was seen; deeper keys than the first are folded (``[…]``); or ``""``."""
+    match = _NESTED.search(first_line)
+    if match is None:
+        return ""
+    subscripts = _SUBSCRIPT.findall(match.group(2))
+    deeper = "[…]" if len(subscripts) > 1 else ""
+    return mask(f"{match.group(1)}{subscripts[0]}{deeper}: {match.group(3)}")
 
 
 def _strip_line(where: str) -> str:
@@ -200,6 +230,15 @@ def attribute(exc: BaseException, own: Sequence[str] = ()) -> Attribution:
 
 
 def _attribute_one(exc: BaseException) -> Attribution:
+    attribution = _attribute_plain(exc)
+    through = looked_through(exc)
+    found = difference(attribution.message) if attribution.kind == "assertion" else ""
+    return (
+        replace(attribution, through=through, difference=found) if through or found else attribution
+    )
+
+
+def _attribute_plain(exc: BaseException) -> Attribution:
     clause = clause_of(exc)
     if isinstance(exc, RankFailure):
         return _rank_attribution(exc, clause)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from harness.conformance.progress import unprefixed
 from harness.report import (
     NO_CLAUSE,
     Report,
@@ -75,7 +76,8 @@ def finding_lines(report: Report) -> list[str]:
     lines = [f"{len(report.findings)} findings (first failure after {first:.1f} s):"]
     for f in report.findings:
         late = " (after the checks' properties: their verdicts stand)" if f.late else ""
-        lines.append(_clip(f"  {f.id} {', '.join(f.clauses)}: {f.message}{late}"))
+        message = unprefixed(f.message, f.clauses)
+        lines.append(_clip(f"  {f.id} {', '.join(f.clauses)}: {message}{late}"))
         if f.where:
             lines.append(_clip(f"     at {f.where}"))
         shown = ", ".join(f.checks[:3]) + (

@@ -72,12 +72,34 @@ class Triage:
         """Give the check's failure its clause(s) and its finding."""
         attribution = self.findings.resolve(attribute(exc, check.clauses))
         clauses, blocked_by = attributed_clauses(check.clauses, attribution)
-        elapsed = time.perf_counter() - self.started
-        finding = self.findings.record(attribution, clauses, check.id, elapsed_s=elapsed)
+        explained = self.findings.explaining(attribution) if not blocked_by else None
+        if explained is not None:
+            # met looking through a method a finding already explains: blocked by it
+            finding = explained
+            blocked_by = next(c for c in attribution.through if c in finding.clauses)
+            clauses = [blocked_by]
+            finding.add_check(check.id)
+        else:
+            elapsed = time.perf_counter() - self.started
+            finding = self.findings.record(attribution, clauses, check.id, elapsed_s=elapsed)
         check.finding, check.failed_clauses, check.blocked_by = finding.id, clauses, blocked_by
         if finding.first_check != check.id:
             check.found_in = finding.first_check
         return finding
+
+    def known_finding_line(self, check: Check) -> str:
+        """For a failure an earlier check's finding already explains, the one line that
+        points at it (printed instead of its traceback); else ``""``."""
+        if not (check.found_in and check.finding):
+            return ""
+        finding = next((f for f in self.findings if f.id == check.finding), None)
+        if finding is None:
+            return ""
+        how = f"blocked by {check.blocked_by}" if check.blocked_by else "failed"
+        return (
+            f"{how}: {finding.id} ({', '.join(finding.clauses)}), first found in "
+            f"{finding.first_check}: {finding.attribution.message}"
+        )
 
     def note_late(self, check: Check, noted: list[tuple[int, LateViolation]]) -> None:
         """Findings from violations recorded after the check's property (its verdict stands).
@@ -99,7 +121,8 @@ class Triage:
                 check.late_findings.append(finding.id)
 
     def _stop_if_one_bug_everywhere(self) -> None:
-        """Stop the run when the first checks all fail alike and none has passed."""
+        """Stop the run when the first checks all fail alike, with an error (not a suite's
+        comparison), and none has passed."""
         ran = [c for c in self.done if c.outcome not in ("unsupported", "environment")]
         recent = ran[-SAME_FINDING_STOP:]
         if self.passed_any or len(recent) < SAME_FINDING_STOP or self.session is None:
@@ -107,6 +130,10 @@ class Triage:
         if len({c.finding for c in recent}) != 1 or not recent[0].finding:
             return
         finding = next(f for f in self.findings if f.id == recent[0].finding)
+        if finding.attribution.kind == "assertion":
+            # a wrong value, not an error everywhere: the checks of other clauses still tell
+            # the user something (a load bug fails every round trip, and only those)
+            return
         self.session.shouldfail = (
             f"the first {len(ran)} checks that ran all failed with finding {finding.id} "
             f"({finding.signature}) and none passed: the strategy fails the same way "

@@ -21,6 +21,22 @@ job's result and is reported once, as a finding of its own clause.
 
 Works the same on the ranks (the worker ships the tag with the error) and in the controller
 (an assertion made under ``with clause(...)``).
+
+[Note: looking through] Some checks can only see their own result through another clause's
+method: the training session sees what a checkpoint holds by loading it. When such a look
+fails, the check cannot tell its own bug from a bug of the method it looked through. The
+suites wrap those looks in the controller::
+
+    with looking("CKPT-RT-1", "CKPT-RT-2"):
+        compare(run(load_and_read_rank, ...), expected)
+
+An exception escaping ``looking`` carries those clauses. If it breaks one of the check's own
+clauses (tagged with one inside, named by its message, or untagged) and the session already
+holds a finding under one of the looked-through clauses, the check is ``blocked`` by that
+finding (the method it looks through is known to be broken); otherwise the failure is what
+it would be without ``looking`` (another clause's tag still blocks the check by that
+clause). Where a check can decide by itself whose method broke (the files on disk did not
+change, so a wrong load is the load's), it raises under ``clause`` instead.
 """
 
 from __future__ import annotations
@@ -36,11 +52,14 @@ __all__ = [
     "LateViolation",
     "clause",
     "clause_of",
+    "looked_through",
+    "looking",
     "tag",
     "take_late_violations",
 ]
 
 _ATTRIBUTE = "shardcheck_clause"
+_THROUGH = "shardcheck_through"
 # A rank's buffer, not session state: the violations after the property in the job this
 # process is running, emptied when the runner ships the job's answer.
 _LATE: list[LateViolation] = []
@@ -115,6 +134,36 @@ def clause(clause_id: str, *, after: bool = False) -> Iterator[None]:
                 traceback="".join(traceback.format_exception(exc)),
             )
         )
+
+
+@contextmanager
+def looking(*clause_ids: str) -> Iterator[None]:
+    """The body looks at the check's result through the methods of ``clause_ids``
+    (see [Note: looking through]): an exception escaping it carries them.
+
+    Raises:
+        ValueError: no clause id, or an empty one.
+    """
+    if not clause_ids or not all(isinstance(c, str) and c.strip() for c in clause_ids):
+        raise ValueError(
+            f"looking{clause_ids!r} needs the clause ids of the methods looked through, such "
+            "as looking('CKPT-RT-1'); see CONTRACT.md or pytest --list-clauses."
+        )
+    try:
+        yield
+    except Exception as exc:
+        if not isinstance(exc, Unsupported) and not looked_through(exc):
+            try:
+                setattr(exc, _THROUGH, tuple(clause_ids))
+            except AttributeError:  # an exception type with __slots__: cannot carry it
+                pass
+        raise
+
+
+def looked_through(exc: BaseException) -> tuple[str, ...]:
+    """The clauses whose methods ``exc`` was raised looking through, or ``()``."""
+    value = getattr(exc, _THROUGH, ())
+    return value if isinstance(value, tuple) else ()
 
 
 def take_late_violations() -> tuple[LateViolation, ...]:

@@ -10,6 +10,8 @@ Each wraps the reference implementation, so everything but the planted defect co
 - :func:`setup_module_raises`: ``setup_module`` raises (API-2), so no check reaches its
   property;
 - :func:`optimizer_step_raises`: ``optimizer_step`` raises (API-4) whenever it is called;
+- :func:`load_empties_optimizers`: ``load_checkpoint`` restores the model and metadata but
+  leaves every optimizer without state (CKPT-RT-1/RT-2: what a user's first load bug does);
 - :func:`unsupported_everything`: refuses every family;
 - :func:`raises_everything`: the factory raises for every configuration.
 """
@@ -19,11 +21,14 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import torch
+
 from harness.contract import StrategySpec, Unsupported
 from reference_impl import make_strategy as reference_make_strategy
 
 __all__ = [
     "clip_not_scaling",
+    "load_empties_optimizers",
     "optimizer_step_raises",
     "raises_everything",
     "raising_teardown",
@@ -63,11 +68,25 @@ def _optimizer_step(cls: type) -> Any:
     return optimizer_step
 
 
+def _load(cls: type) -> Any:
+    def load_checkpoint(self: Any, path: Any, state: Any = None, strict: bool = True) -> Any:
+        result = cls.load_checkpoint(self, path, state, strict)
+        values = state.values() if isinstance(state, dict) else ()
+        for value in values:
+            for optimizer in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(optimizer, torch.optim.Optimizer):
+                    optimizer.state.clear()  # the planted bug: the loaded state is dropped
+        return result
+
+    return load_checkpoint
+
+
 _BUGS = {
     "teardown": _teardown,
     "clip_gradients_norm": _clip,
     "setup_module": _setup_module,
     "optimizer_step": _optimizer_step,
+    "load_checkpoint": _load,
 }
 
 
@@ -106,6 +125,11 @@ def setup_module_raises(spec: StrategySpec) -> Any:
 def optimizer_step_raises(spec: StrategySpec) -> Any:
     """The reference, except that ``optimizer_step`` raises."""
     return _with(spec, "optimizer_step")
+
+
+def load_empties_optimizers(spec: StrategySpec) -> Any:
+    """The reference, except that ``load_checkpoint`` leaves the optimizers without state."""
+    return _with(spec, "load_checkpoint")
 
 
 def unsupported_everything(spec: StrategySpec) -> Any:

@@ -62,7 +62,7 @@ def test_broken_strategy_fails_naming_clause_and_scenario(tmp_path: Path) -> Non
     assert re.search("Falsifying example|Failing test case", check["failure"])
     assert "CkptPlan(" in check["failure"]
     assert f"--strategy {FACTORIES}:drops_optimizer_state" in check["reproducer"]
-    assert "@reproduce_failure(" in check["reproducer"]
+    assert "--reproduce-failure=" in check["reproducer"]
     assert report["clauses"]["CKPT-RT-1"] == "failed"
     summary = [line for line in done.stdout.splitlines() if line.startswith("  CKPT-RT-1 ")]
     assert summary and "failed" in summary[0] and check_id in summary[0], done.stdout[-3000:]

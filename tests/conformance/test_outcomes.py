@@ -244,7 +244,12 @@ def test_hypothesis_failure_has_example_and_blob_in_reproducer(run_suite: RunSui
     )
     assert "n=7" in check["failure"]
     assert check["reproducer"].startswith("pytest test_fake.py::test_failing_example ")
-    assert "# to replay the exact example, add @reproduce_failure('" in check["reproducer"]
+    option = check["reproducer"].split()[-1]
+    assert option.startswith("--reproduce-failure=") and "@reproduce_failure" not in option
+    # the reproducer's option replays that example with no edit to the test file
+    replay = run_suite(None, "test_fake.py::test_failing_example", option)
+    assert replay.outcomes() == {"test_fake.test_failing_example": "failed"}
+    assert "assert 7 < 7" in replay.check("test_fake.test_failing_example")["failure"]  # n=7
 
 
 EXPECTED = """

@@ -190,8 +190,7 @@ def test_reproducer_carries_plugins_and_shardcheck_options(
     assert line == (
         "pytest 'suites/test_x.py::test_y[ws4]' -pno:cacheprovider -p harness.conformance "
         "--nproc 4 --strategy-option use_orig_params=False --strategy-option=timeout=30 "
-        "--backend=gloo --strategy mypkg:make --hypothesis-seed=99"
-        "  # to replay the exact example, add @reproduce_failure('6.1', b'AAE=') to the test"
+        "--backend=gloo --strategy mypkg:make --hypothesis-seed=99 --reproduce-failure=6.1:AAE="
     )
     assert reproducer(config, "t.py::a", "").endswith("--strategy mypkg:make --hypothesis-seed=3")
 

@@ -25,6 +25,7 @@ __all__ = [
     "FORMATS",
     "META_KEYS",
     "META_KINDS",
+    "ROUND_TRIP",
     "CkptPlan",
     "Counter",
     "ReorderedOptim",
@@ -34,6 +35,9 @@ __all__ = [
 ]
 
 FORMATS = ("full", "sharded")
+#: the clause of a save then load in each format at one world size (CONTRACT.md CKPT-RT-1/2):
+#: the method a check looks through when it loads a checkpoint to see what a save wrote
+ROUND_TRIP = {"full": "CKPT-RT-1", "sharded": "CKPT-RT-2"}
 
 
 META_KINDS = ("stateful", "nested", "tensor", "int")

@@ -1,0 +1,66 @@
+"""``--reproduce-failure VERSION:BLOB``: replay one check's exact failing example from the
+command line, without editing the suite.
+
+Hypothesis prints ``@reproduce_failure('6.170.17', b'AXic...')`` under a failure: the decorator
+replays that very example. The reproducer line (:func:`harness.conformance.facts.reproducer`)
+turns it into this option, which puts the same instruction on the one selected test (what the
+decorator does) once collection is done.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+__all__ = ["DECORATOR", "apply", "as_option", "parse"]
+
+#: Hypothesis' instruction under a failure: ``@reproduce_failure('VERSION', b'BLOB')``
+DECORATOR = re.compile(r"@reproduce_failure\(\s*'([^']*)'\s*,\s*b'([^']*)'\s*\)")
+_VALUE = re.compile(r"^(\d+(?:\.\d+)*):([A-Za-z0-9+/=]+)$")
+#: the attribute Hypothesis' ``reproduce_failure`` decorator sets on a test
+_ATTRIBUTE = "_hypothesis_internal_use_reproduce_failure"
+
+
+def as_option(text: str) -> str:
+    """``--reproduce-failure=VERSION:BLOB`` for the first decorator in ``text``, or ``""``."""
+    found = DECORATOR.search(text)
+    return f"--reproduce-failure={found.group(1)}:{found.group(2)}" if found else ""
+
+
+def parse(value: str) -> tuple[str, bytes]:
+    """The Hypothesis version and blob of ``--reproduce-failure``.
+
+    Raises:
+        pytest.UsageError: not ``VERSION:BLOB``.
+    """
+    found = _VALUE.match(value.strip())
+    if found is None:
+        raise pytest.UsageError(
+            f"--reproduce-failure={value!r} is not VERSION:BLOB; copy it from a finding's "
+            "reproduce line, e.g. --reproduce-failure=6.170.17:AXicY2BkAAAABQAC"
+        )
+    return found.group(1), found.group(2).encode()
+
+
+def apply(value: str, items: list[pytest.Item]) -> None:
+    """Give the one selected test the example to replay.
+
+    Raises:
+        pytest.UsageError: not exactly one test selected, or it is no ``@given`` test.
+    """
+    version, blob = parse(value)
+    if len(items) != 1:
+        raise pytest.UsageError(
+            f"--reproduce-failure replays one check's example, but {len(items)} tests are "
+            "selected; pass the check's node id as the reproduce line does."
+        )
+    test: Any = getattr(items[0], "obj", None)
+    if getattr(test, "hypothesis", None) is None:
+        raise pytest.UsageError(
+            f"--reproduce-failure: {items[0].nodeid} is not a Hypothesis @given test (a state "
+            f"machine is run by a plain test): add @reproduce_failure({version!r}, {blob!r}) "
+            "to its state machine class instead."
+        )
+    setattr(test, _ATTRIBUTE, (version, blob))

@@ -1,0 +1,172 @@
+"""One root cause, one finding: a wrong value reported alike by checks of several clauses, a
+failure met looking through another clause's method, and no early stop on a wrong value."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from harness import clause, looking
+from harness.conformance.checks import Check
+from harness.conformance.signatures import difference
+from harness.conformance.triage import Triage
+from harness.contract import Unsupported
+from harness.verdicts.attribution import looked_through
+from suites.lib.controller.checkpoint_checks import assert_same_optim
+
+
+def _optim(name: str, value: float) -> dict[str, Any]:
+    return {"state": {name: {"exp_avg": torch.full((4,), value)}}, "param_groups": [{"lr": 1.0}]}
+
+
+def _round_trip_failure(clause_id: str, where: str, name: str) -> BaseException:
+    """What a round-trip check of a load that drops the optimizer state raises (the suites'
+    own comparison, so it is a suite's assertion)."""
+    actual, expected = _optim(name, 0.0), _optim(name, 1.0)
+    exc = _caught(lambda: assert_same_optim(actual, expected, clause=clause_id, where=where))
+    # raised in a suite's check, every frame is shardcheck's own; here this file's frames
+    # would count as the strategy's, so the traceback goes
+    return exc.with_traceback(None)
+
+
+RT1 = ("CKPT-RT-1", "rank 0, saved at world size 1 (fsdp, full)", "blocks.0.attn.wk.bias")
+RT2 = ("CKPT-RT-2", "rank 0, saved at world size 2 (model_parallel, sharded)", "blocks.0.fc1.bias")
+RT3 = ("CKPT-RT-3", "load rank 1, saved at world size 2, loaded at 4 (fsdp)", "inp.weight")
+
+
+def _caught(body: Any) -> BaseException:
+    try:
+        body()
+    except BaseException as exc:
+        return exc
+    raise AssertionError("the body raised nothing")
+
+
+def _assert(message: str) -> None:
+    raise AssertionError(message)
+
+
+def _check(check_id: str, *clauses: str) -> Check:
+    return Check(id=check_id, nodeid=check_id, clauses=list(clauses))
+
+
+def test_difference_keeps_only_the_wrong_value_with_deeper_keys_folded() -> None:
+    expected = "optimizer['state'][…]: N of N elements differ from what was saved"
+    messages = [str(_round_trip_failure(*rt)) for rt in (RT1, RT2, RT3)]
+    assert messages[0].startswith("CKPT-RT-1: rank 0, saved at world size 1 (fsdp, full): ")
+    assert {difference(m) for m in messages} == {expected}
+    assert difference("model['fc.weight']: torch.float32(4,) where torch.bfloat16(4,) was saved")
+    assert difference("TRAIN-4: rank 0 (fsdp), the end: optimizer state for [], the plain") == ""
+
+
+def test_one_wrong_value_in_checks_of_three_clauses_is_one_finding_listing_each() -> None:
+    triage = Triage({})
+    checks = [
+        _check("test_roundtrip[full]", "CKPT-RT-1"),
+        _check("test_roundtrip[sharded]", "CKPT-RT-2", "CKPT-LOAD-2"),
+        _check("test_reshard[2to4]", "CKPT-RT-3"),
+    ]
+    findings = [
+        triage.attribute(check, _round_trip_failure(*rt))
+        for check, rt in zip(checks, (RT1, RT2, RT3), strict=True)
+    ]
+    assert {f.id for f in findings} == {"F1"}
+    assert findings[0].clauses == ["CKPT-RT-1", "CKPT-RT-2", "CKPT-RT-3"]
+    assert [c.blocked_by for c in checks] == ["", "", ""]  # failed, not blocked
+    assert [c.failed_clauses for c in checks] == [["CKPT-RT-1"], ["CKPT-RT-2"], ["CKPT-RT-3"]]
+
+
+def test_looking_marks_what_escapes_even_under_an_inner_clause() -> None:
+    def look() -> None:
+        with looking("CKPT-RT-1", "CKPT-RT-2"), clause("TRAIN-4"):
+            _assert("TRAIN-4: rank 0, the end: optimizer state for []")
+
+    def unsupported() -> None:
+        with looking("CKPT-RT-1"):
+            raise Unsupported("no hybrid", "sharding_strategy", "HYBRID_SHARD")
+
+    assert looked_through(_caught(look)) == ("CKPT-RT-1", "CKPT-RT-2")
+    assert looked_through(_caught(unsupported)) == ()
+    with pytest.raises(ValueError, match="clause ids of the methods looked through"):
+        with looking():
+            pass
+
+
+def test_a_failure_tagged_with_another_clause_while_looking_is_blocked_by_that_clause() -> None:
+    triage = Triage({})
+    round_trip = _check("test_roundtrip[full]", "CKPT-RT-1")
+    triage.attribute(round_trip, _round_trip_failure(*RT1))
+
+    def setup_fails() -> None:
+        with looking("CKPT-RT-1"), clause("API-2"):
+            raise RuntimeError("setup_module cannot wrap Sequential")
+
+    session = _check("test_training_session[fsdp]", "TRAIN-4")
+    finding = triage.attribute(session, _caught(setup_fails))
+    assert session.blocked_by == "API-2" and finding.clauses == ["API-2"]
+
+
+def test_a_failure_looking_through_a_broken_load_is_blocked_by_its_finding() -> None:
+    triage = Triage({})
+    round_trip = _check("test_roundtrip[full]", "CKPT-RT-1")
+    load_bug = triage.attribute(round_trip, _round_trip_failure(*RT1))
+
+    def session_look() -> None:  # the session's reads are tagged with its own clause
+        with looking("CKPT-RT-1", "CKPT-RT-2"), clause("TRAIN-4"):
+            _assert("TRAIN-4: rank 0 of 2 (fsdp), 1 steps, the end: optimizer state for []")
+
+    session = _check("test_training_session[fsdp]", "TRAIN-4", "CKPT-RT-6")
+    finding = triage.attribute(session, _caught(session_look))
+    assert finding is load_bug
+    assert session.blocked_by == "CKPT-RT-1" and session.failed_clauses == ["CKPT-RT-1"]
+    assert load_bug.clauses == ["CKPT-RT-1"]  # TRAIN-4 is not blamed
+    assert load_bug.checks == ["test_roundtrip[full]", "test_training_session[fsdp]"]
+    session.settle("failed", "AssertionError: TRAIN-4: ...")
+    assert session.outcome == "blocked"
+
+
+def test_a_failure_looking_through_a_load_nobody_found_broken_is_the_checks_own() -> None:
+    triage = Triage({})
+
+    def session_look() -> None:
+        with looking("CKPT-RT-1", "CKPT-RT-2"):
+            _assert("TRAIN-4: rank 0 of 2 (fsdp), after freezing: parameter differs")
+
+    session = _check("test_training_session[fsdp]", "TRAIN-4")
+    finding = triage.attribute(session, _caught(session_look))
+    assert finding.clauses == ["TRAIN-4"] and session.blocked_by == ""
+
+
+def test_a_wrong_value_in_the_first_checks_does_not_stop_the_run() -> None:
+    class Session:
+        shouldfail: bool | str = False
+
+    triage = Triage({})
+    triage.session = Session()  # type: ignore[assignment]
+    for i in range(4):
+        check = _check(f"test_roundtrip[{i}]", "CKPT-RT-1")
+        failure = _round_trip_failure(*RT1)
+        triage.attribute(check, failure)
+        check.settle("failed", str(failure))
+        triage.finished(check)
+    assert triage.session.shouldfail is False
+
+
+def test_an_error_raised_in_the_first_checks_still_stops_the_run() -> None:
+    class Session:
+        shouldfail: bool | str = False
+
+    def setup_raises() -> None:
+        with clause("API-2"):
+            raise RuntimeError("setup_module cannot wrap Sequential")
+
+    triage = Triage({})
+    triage.session = Session()  # type: ignore[assignment]
+    for i in range(3):
+        check = _check(f"test_api[{i}]", "API-1")
+        triage.attribute(check, _caught(setup_raises))
+        check.settle("failed", "RuntimeError: setup_module cannot wrap Sequential")
+        triage.finished(check)
+    assert "all failed with finding F1" in str(triage.session.shouldfail)

@@ -22,11 +22,14 @@ __all__ = [
     "check_id",
     "classify_report",
     "classify_skip",
+    "clauses_of",
     "collector_id",
     "failure_text",
+    "family_of",
     "load_expected_failures",
     "module_name",
     "not_run_reason",
+    "world_sizes_of",
 ]
 
 _MAX_SUMMARY = 4000
@@ -245,3 +248,50 @@ def load_expected_failures(path: str | None) -> dict[str, str]:
             )
         entries[check] = reason[0].strip() if reason else "listed in the expected-failures file"
     return entries
+
+
+_FAMILY_WORDS = {"fsdp": "fsdp", "model_parallel": "model_parallel"}
+
+
+def clauses_of(item: pytest.Item) -> list[str]:
+    """The clause ids a test declares with ``@pytest.mark.clause`` (sorted, each once)."""
+    clauses: set[str] = set()
+    for marker in item.iter_markers("clause"):
+        for arg in marker.args:
+            if not isinstance(arg, str) or not arg.strip():
+                raise pytest.UsageError(
+                    f"{item.nodeid}: @pytest.mark.clause({arg!r}) is not a clause id; "
+                    "pass CONTRACT.md ids as strings, e.g. @pytest.mark.clause('CKPT-RT-3')."
+                )
+            clauses.add(arg.strip())
+    return sorted(clauses)
+
+
+def family_of(item: pytest.Item, clauses: list[str]) -> str:
+    """The family a check is about: its ``family`` parameter, a family word in its parameter
+    id, or its clauses' prefix (``MP-``: model_parallel); ``""`` for a check of both."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if params.get("family") in _FAMILY_WORDS:
+        return str(params["family"])
+    words = re.split(r"[\[\]\-_.]", item.nodeid.partition("[")[2])
+    joined = item.nodeid.partition("[")[2]
+    if "model_parallel" in joined:
+        return "model_parallel"
+    if "fsdp" in words:
+        return "fsdp"
+    if clauses and all(c.startswith("MP-") for c in clauses):
+        return "model_parallel"
+    return ""
+
+
+def world_sizes_of(item: pytest.Item) -> list[int]:
+    """The world sizes a test runs at: its ``world_size`` parameter or marker."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if isinstance(params.get("world_size"), int):
+        return [params["world_size"]]
+    marker = item.get_closest_marker("world_size")
+    if marker is None:
+        return []
+    values = [*marker.args, *marker.kwargs.values()]
+    flat = [v for x in values for v in (x if isinstance(x, (list, tuple)) else [x])]
+    return sorted({v for v in flat if isinstance(v, int) and not isinstance(v, bool)})

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import fnmatch
-import re
 import time
 from collections.abc import Generator
 from datetime import datetime, timezone
@@ -16,25 +15,26 @@ from harness.conformance.checks import (
     Check,
     check_id,
     classify_report,
+    clauses_of,
     collector_id,
     failure_text,
+    family_of,
     load_expected_failures,
     not_run_reason,
+    world_sizes_of,
 )
 from harness.conformance.coverage import coverage_of
 from harness.conformance.examples import item_parameters
 from harness.conformance.findings import Finding
 from harness.conformance.progress import Progress, terminal_writer
 from harness.conformance.signatures import is_failure
-from harness.conformance.summary import write_summary
+from harness.conformance.summary import summary_wanted, write_summary
 from harness.conformance.triage import LATE_PREFIX, Triage, shrink_budget
 from harness.conformance.unsupported import CheckWatch, rejecting, skip_exception
 from harness.contract import Unsupported
 from harness.report import NOT_RUN, CheckResult, Report, nonconforming, write_report
 from harness.run.session import HarnessSession, session_of
 from harness.run.shrinking import quiet_slow_shrinking
-
-_FAMILY_WORDS = {"fsdp": "fsdp", "model_parallel": "model_parallel"}
 
 __all__ = ["ConformancePlugin"]
 
@@ -49,48 +49,6 @@ def _parse_clauses(value: str | None) -> list[str]:
             "e.g. --clauses 'CKPT-RT-3,CLIP-1' or --clauses 'CKPT-*'."
         )
     return patterns
-
-
-def _clauses_of(item: pytest.Item) -> list[str]:
-    clauses: set[str] = set()
-    for marker in item.iter_markers("clause"):
-        for arg in marker.args:
-            if not isinstance(arg, str) or not arg.strip():
-                raise pytest.UsageError(
-                    f"{item.nodeid}: @pytest.mark.clause({arg!r}) is not a clause id; "
-                    "pass CONTRACT.md ids as strings, e.g. @pytest.mark.clause('CKPT-RT-3')."
-                )
-            clauses.add(arg.strip())
-    return sorted(clauses)
-
-
-def _family(item: pytest.Item, clauses: list[str]) -> str:
-    """The family a check is about: its ``family`` parameter, a family word in its parameter
-    id, or its clauses' prefix (``MP-``: model_parallel); ``""`` for a check of both."""
-    params = getattr(getattr(item, "callspec", None), "params", {})
-    if params.get("family") in _FAMILY_WORDS:
-        return str(params["family"])
-    words = re.split(r"[\[\]\-_.]", item.nodeid.partition("[")[2])
-    joined = item.nodeid.partition("[")[2]
-    if "model_parallel" in joined:
-        return "model_parallel"
-    if "fsdp" in words:
-        return "fsdp"
-    if clauses and all(c.startswith("MP-") for c in clauses):
-        return "model_parallel"
-    return ""
-
-
-def _world_sizes(item: pytest.Item) -> list[int]:
-    params = getattr(getattr(item, "callspec", None), "params", {})
-    if isinstance(params.get("world_size"), int):
-        return [params["world_size"]]
-    marker = item.get_closest_marker("world_size")
-    if marker is None:
-        return []
-    values = [*marker.args, *marker.kwargs.values()]
-    flat = [v for x in values for v in (x if isinstance(x, (list, tuple)) else [x])]
-    return sorted({v for v in flat if isinstance(v, int) and not isinstance(v, bool)})
 
 
 class ConformancePlugin:
@@ -146,9 +104,9 @@ class ConformancePlugin:
         """Make a check per item, mark expected failures, deselect by ``--clauses``."""
         kept, dropped = [], []
         for item in items:
-            clauses = _clauses_of(item)
-            check = Check(check_id(item), item.nodeid, clauses, _world_sizes(item))
-            check.family = _family(item, clauses)
+            clauses = clauses_of(item)
+            check = Check(check_id(item), item.nodeid, clauses, world_sizes_of(item))
+            check.family = family_of(item, clauses)
             check.params = item_parameters(item)
             junit.collected(item, check)
             self.checks[item.nodeid] = check
@@ -340,11 +298,18 @@ class ConformancePlugin:
             run=facts.run(self.config, self.started_at, time.perf_counter() - self.started),
         )
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        """Print the short clause summary (and the strict verdict) at the end of the run."""
-        options = ("clauses", "expected_failures", "conformance_strict", "conformance_report")
-        relevant = any(self.config.getoption(o) for o in options) or any(
-            c.clauses for c in self.checks.values()
-        )
-        if self.report is not None and relevant:
-            write_summary(terminalreporter, self.config, self.report)
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_terminal_summary(self, terminalreporter: Any) -> Generator[None, None, None]:
+        """The findings and clause summary (and the strict verdict) after pytest's failures and
+        short test summary, then pytest's warnings, held back until after them."""
+        held = terminalreporter.stats.pop("warnings", None)
+        try:
+            return (yield)
+        finally:
+            if self.report is not None and summary_wanted(self.config, self.checks.values()):
+                write_summary(terminalreporter, self.config, self.report)
+            if held:
+                terminalreporter.stats["warnings"] = held + terminalreporter.stats.get(
+                    "warnings", []
+                )
+                terminalreporter.summary_warnings()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -20,7 +21,7 @@ from harness.report import (
 )
 from harness.report.markdown import clause_coverage_line, coverage_line
 
-__all__ = ["finding_lines", "headline", "summary_lines", "write_summary"]
+__all__ = ["finding_lines", "headline", "summary_lines", "summary_wanted", "write_summary"]
 
 _WIDTH = 160
 _RANK_STORY = re.compile(r"^rank \d+ (raised|crashed|hung|timed out)\b")
@@ -126,6 +127,13 @@ def summary_lines(config: pytest.Config, report: Report) -> list[str]:
     if declared:
         lines.append(_clip(f"declared unsupported by the strategy: {'; '.join(declared)}"))
     return lines + _notes(config, report)
+
+
+def summary_wanted(config: pytest.Config, checks: Iterable[Any]) -> bool:
+    """Whether the run is a conformance run: a shardcheck report option, or checks that
+    declare clauses."""
+    options = ("clauses", "expected_failures", "conformance_strict", "conformance_report")
+    return any(config.getoption(o) for o in options) or any(c.clauses for c in checks)
 
 
 def write_summary(terminalreporter: Any, config: pytest.Config, report: Report) -> None:

@@ -50,6 +50,8 @@ _MASKS = (
     (re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?!\w)"), "N"),
 )
 _KEY_CHARS = 160
+#: a desync verdict's line for one rank's collective (harness.verdicts.failures)
+_ENTERED = re.compile(r"entered \w+\b.*? at (?P<file>/\S+):(?P<line>\d+) in (?P<func>\S+)")
 #: the first line of a suite's report of a rank's exception: ``rank 0: ValueError: ...``
 _RANK_ERROR = re.compile(
     r"^rank \d+: ((?:[\w]+\.)*[A-Z]\w*(?:Error|Exception|Warning)?): (.*)$", re.M
@@ -159,6 +161,15 @@ def _where_in_text(text: str) -> tuple[str, bool]:
     outside = [f for f in frames if not _own(f[0])]
     file, line, func = (outside or frames)[-1]
     return f"{_short_path(file)}:{line} {func}", bool(outside)
+
+
+def _collective_site(story: str) -> tuple[str, bool] | None:
+    """The first collective of a desync story entered outside shardcheck (``rank 0 entered
+    BARRIER at FILE:LINE in FUNC``), as a location: where the ranks went apart."""
+    for match in _ENTERED.finditer(story):
+        if not _own(match["file"]):
+            return f"{_short_path(match['file'])}:{match['line']} {match['func']}", True
+    return None
 
 
 def _tb_text(tb: TracebackType | None) -> str:
@@ -271,6 +282,8 @@ def _rank_attribution(failure: RankFailure, clause: str) -> Attribution:
     error = own[0] if own else (first.error if first.error is not None else None)
     if error is not None:
         where, outside = _where_in_text(error.traceback)
+        if not outside and getattr(failure, "kind", "") == "desync":  # the strategy entered it
+            where, outside = _collective_site(str(failure)) or (where, outside)
         clause = clause or named_clause(error.message)
         kind = "raised" if outside else "assertion"
         return Attribution(

@@ -170,3 +170,30 @@ def test_an_error_raised_in_the_first_checks_still_stops_the_run() -> None:
         check.settle("failed", "RuntimeError: setup_module cannot wrap Sequential")
         triage.finished(check)
     assert "all failed with finding F1" in str(triage.session.shouldfail)
+
+
+def test_a_desync_met_by_both_families_is_one_finding_at_the_strategys_collective() -> None:
+    from harness.verdicts.failures import CollectiveDesync
+    from harness.verdicts.outcomes import Outcome, RemoteError
+
+    def desync(family: str) -> BaseException:
+        caught = RemoteError(
+            "RuntimeError",
+            "the job caught a collective mismatch and went on: Detected mismatch between "
+            "collectives on ranks. Rank 0 is running collective: BARRIER",
+            "",  # made by the harness, never raised: no traceback
+        )
+        story = (
+            f"job 7 ({family}): desync: the ranks entered collectives that do not match\n"
+            "  rank 0 entered BARRIER at /src/my_strategy.py:23 in load_checkpoint\n"
+            "  rank 1 entered BROADCAST shapes=[1] at /src/my_strategy.py:90 in _broadcast"
+        )
+        return CollectiveDesync(story, [Outcome(0, "raised", error=caught), Outcome(1, "ok")])
+
+    triage = Triage({})
+    fsdp = _check("test_strict[fsdp]", "CKPT-STRICT-2")
+    mp = _check("test_strict[model_parallel]", "CKPT-STRICT-2", "MP-3")
+    first = triage.attribute(fsdp, desync("fsdp"))
+    second = triage.attribute(mp, desync("model_parallel"))
+    assert first is second and first.attribution.where == "/src/my_strategy.py:23 load_checkpoint"
+    assert first.clauses == ["CKPT-STRICT-2", "MP-3"]

@@ -4,9 +4,9 @@ Checks that failed with the same signature (:mod:`harness.conformance.signatures
 finding; so does the same error raised at the same place in checks of different clauses, and
 the same wrong nested value reported by checks of different clauses (the finding then lists
 each clause). A check whose failure was met looking through a method a finding already
-explains is ``blocked`` by it ([Note: looking through]). The
-report leads with the findings, each with the clause's text, its example and a reproducer,
-and the checks it affected.
+explains is ``blocked`` by it ([Note: looking through]). The report leads with the
+findings, each with the clause's text, its example and a reproducer, and the checks it
+affected.
 
 [Note: clause isolation] (in :mod:`harness.verdicts.attribution`) says how a failure gets its
 clause: a check failing under a clause it does not declare is ``blocked`` by that clause.

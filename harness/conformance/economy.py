@@ -96,9 +96,15 @@ class ShrinkPolicy:
         Hypothesis found its first failure, end the search after the running example.
 
         This covers what :meth:`skip` cannot see: a state machine's steps, and tests that
-        run jobs after their first failure in one example.
+        run jobs after their first failure in one example. A failure a known finding explains
+        ends the search at once, whatever the budget (a blocked state machine is not shrunk).
         """
-        if self.budget_s is None or check.search_ended:
+        if check.search_ended:
+            return
+        if check.stop_shrinking:  # its failure is a known finding's: no more examples
+            check.search_ended = stop_after_this_example()
+            return
+        if self.budget_s is None:
             return
         found = first_failure_time()
         if found is not None and time.monotonic() - found > self.budget_s:

@@ -197,3 +197,20 @@ def test_a_desync_met_by_both_families_is_one_finding_at_the_strategys_collectiv
     second = triage.attribute(mp, desync("model_parallel"))
     assert first is second and first.attribution.where == "/src/my_strategy.py:23 load_checkpoint"
     assert first.clauses == ["CKPT-STRICT-2", "MP-3"]
+
+
+def test_a_known_failure_ends_a_state_machines_search_at_its_next_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from harness.conformance import economy
+    from harness.conformance.findings import Findings
+
+    ended: list[bool] = []
+    monkeypatch.setattr(economy, "stop_after_this_example", lambda: ended.append(True) or True)
+    policy = economy.ShrinkPolicy(None, Findings())  # no budget: nightly's
+    machine = _check("test_training_session[fsdp]", "TRAIN-4")
+    policy.before_job(machine)
+    assert ended == [] and not machine.search_ended  # nothing known: it goes on
+    machine.stop_shrinking = True  # its failure was filed under a known finding
+    policy.before_job(machine)
+    assert ended == [True] and machine.search_ended

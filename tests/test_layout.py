@@ -150,6 +150,7 @@ def test_suites_helpers_live_on_one_side() -> None:
 PROCESS_STATE = {
     "harness.run.session._ACTIVE": "the stack of sessions in force: the one process-wide handle",
     "harness.verdicts.attribution._LATE": "a rank's buffer of the running job's late violations",
+    "harness.verdicts.attribution._LOOKED": "the running check's last looked-through failure",
     "harness.entry.sigterm._previous": "the process's SIGTERM handler before the plugin's",
     "harness.entry.sigterm._installed": "whether the process's SIGTERM handler is installed",
     "harness.entry.sigterm._depth": "how many nested pytest sessions installed it",

@@ -30,6 +30,7 @@ from harness.contract import Unsupported
 from harness.refusals import Refusal, skip_exception
 from harness.run.remembered import is_remembered
 from harness.run.session import current
+from harness.verdicts.attribution import last_looked_failure
 
 __all__ = [
     "CheckWatch",
@@ -54,6 +55,9 @@ class CheckWatch:
 
     check: Check
     policy: ShrinkPolicy | None = None
+
+    def __post_init__(self) -> None:
+        last_looked_failure(clear=True)  # a new check: an earlier one's look is not its own
 
     def before_job(self) -> None:
         """A job is about to be dispatched: the shrink budget may end the search here."""

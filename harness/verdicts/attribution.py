@@ -52,6 +52,7 @@ __all__ = [
     "LateViolation",
     "clause",
     "clause_of",
+    "last_looked_failure",
     "looked_through",
     "looking",
     "tag",
@@ -63,6 +64,10 @@ _THROUGH = "shardcheck_through"
 # A rank's buffer, not session state: the violations after the property in the job this
 # process is running, emptied when the runner ships the job's answer.
 _LATE: list[LateViolation] = []
+# The controller's note of the last failure that escaped ``looking`` in the running check: a
+# state machine's search is ended by it once a known finding explains it (see
+# :meth:`harness.conformance.economy.ShrinkPolicy.before_job`).
+_LOOKED: list[BaseException] = []
 
 
 @dataclass(frozen=True)
@@ -157,7 +162,18 @@ def looking(*clause_ids: str) -> Iterator[None]:
                 setattr(exc, _THROUGH, tuple(clause_ids))
             except AttributeError:  # an exception type with __slots__: cannot carry it
                 pass
+            else:
+                _LOOKED[:] = [exc]
         raise
+
+
+def last_looked_failure(*, clear: bool = False) -> BaseException | None:
+    """The last exception that escaped ``looking`` (in this process), or None; ``clear``:
+    forget it (a new check starts)."""
+    found = _LOOKED[-1] if _LOOKED else None
+    if clear:
+        _LOOKED.clear()
+    return found
 
 
 def looked_through(exc: BaseException) -> tuple[str, ...]:

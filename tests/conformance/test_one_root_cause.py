@@ -214,3 +214,28 @@ def test_a_known_failure_ends_a_state_machines_search_at_its_next_job(
     machine.stop_shrinking = True  # its failure was filed under a known finding
     policy.before_job(machine)
     assert ended == [True] and machine.search_ended
+
+
+def test_a_state_machines_look_that_a_finding_explains_ends_its_search(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from harness.conformance import economy
+    from harness.conformance.unsupported import CheckWatch
+    from harness.verdicts.attribution import last_looked_failure
+
+    triage = Triage({})
+    triage.attribute(_check("test_roundtrip[full]", "CKPT-RT-1"), _round_trip_failure(*RT1))
+    ended: list[bool] = []
+    monkeypatch.setattr(economy, "stop_after_this_example", lambda: ended.append(True) or True)
+    monkeypatch.setattr(economy, "first_failure_time", lambda: 1.0)  # the engine found one
+    machine = _check("test_training_session[fsdp]", "TRAIN-4")
+    watch = CheckWatch(machine, triage.policy)  # a new check forgets earlier looks
+    assert last_looked_failure() is None
+
+    def session_look() -> None:
+        with looking("CKPT-RT-1", "CKPT-RT-2"), clause("TRAIN-4"):
+            _assert("TRAIN-4: rank 0 of 2 (fsdp), the end: optimizer state for []")
+
+    _caught(session_look)  # the machine's invariant failed; Hypothesis goes on shrinking
+    watch.before_job()
+    assert machine.stop_shrinking and machine.search_ended and ended == [True]

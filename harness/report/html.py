@@ -28,7 +28,7 @@ h1{font-size:22px;margin:0 0 8px}h2{font-size:17px;margin:28px 0 8px}
 table{border-collapse:collapse;margin:4px 0;width:100%}.facts,.m{width:auto}
 td code{overflow-wrap:anywhere}.where{color:#57606a;font-size:12px}
 th,td{border:1px solid #d0d7de;padding:3px 7px;text-align:left;vertical-align:top}
-th{background:#f6f8fa}td.id{white-space:nowrap}
+th{background:#f6f8fa}td.id{white-space:nowrap}td.cl{min-width:9em;max-width:16em}
 .np td:first-child{max-width:36em;overflow-wrap:anywhere}
 code,pre{font:12px ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
 pre{background:#f6f8fa;padding:6px;white-space:pre-wrap;word-break:break-word;margin:4px 0}
@@ -137,7 +137,7 @@ def _findings(report: Report) -> list[str]:
             if text
         )
         out.append(
-            f'<tr><td class="id">{_e(f.id)}</td><td class="id">{_e(", ".join(f.clauses))}</td>'
+            f'<tr><td class="id">{_e(f.id)}</td><td class="cl">{_e(", ".join(f.clauses))}</td>'
             f'<td><code>{_e(f.message)}</code>{late}<div class="where">{_e(f.where)}</div></td>'
             f"<td><code>{_e(f.checks[0] if f.checks else '')}</code></td><td>{len(f.checks)}</td>"
             f"<td><details><summary>show</summary>{detail}</details></td></tr>"

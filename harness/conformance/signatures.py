@@ -24,6 +24,7 @@ from harness.verdicts.attribution import LateViolation, clause_of, looked_throug
 from harness.verdicts.outcomes import RankFailure
 
 __all__ = [
+    "CRASH_THROUGH",
     "Attribution",
     "attribute",
     "difference",
@@ -50,6 +51,10 @@ _MASKS = (
     (re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?!\w)"), "N"),
 )
 _KEY_CHARS = 160
+#: a frame of a fatal-error dump (faulthandler: ``File "...", line 73 in load_checkpoint``)
+_DUMP_FUNCTION = re.compile(r'File "[^"]+", line \d+,? in (\w+)')
+#: the clauses whose finding explains a rank that crashed inside a checkpoint method
+CRASH_THROUGH = ("CKPT-RT-1", "CKPT-RT-2")
 #: a desync verdict's line for one rank's collective (harness.verdicts.failures)
 _ENTERED = re.compile(r"entered \w+\b.*? at (?P<file>/\S+):(?P<line>\d+) in (?P<func>\S+)")
 #: the first line of a suite's report of a rank's exception: ``rank 0: ValueError: ...``
@@ -172,6 +177,14 @@ def _collective_site(story: str) -> tuple[str, bool] | None:
     return None
 
 
+def _crashed_inside(dump: str) -> tuple[str, ...]:
+    """The clauses a crashed rank's fatal-error dump says it died under: inside the strategy's
+    ``load_checkpoint`` or ``save_checkpoint`` it died in a round trip, and a known round-trip
+    finding explains it ([Note: looking through]); else ``()``."""
+    methods = set(_DUMP_FUNCTION.findall(dump))
+    return CRASH_THROUGH if methods & {"load_checkpoint", "save_checkpoint"} else ()
+
+
 def _tb_text(tb: TracebackType | None) -> str:
     return "".join(traceback.format_tb(tb)) if tb is not None else ""
 
@@ -291,7 +304,9 @@ def _rank_attribution(failure: RankFailure, clause: str) -> Attribution:
         )
     if first.kind == "crashed":
         what = f"exit code {first.exitcode}"
-        return Attribution(clause, "crashed", "crash", mask(what), "", f"rank crashed: {what}")
+        through = _crashed_inside(first.stacks)
+        message = f"rank crashed: {what}"
+        return Attribution(clause, "crashed", "crash", mask(what), "", message, through=through)
     where, _ = _where_in_text(first.stacks)
     detail = first.detail or "the rank did not answer before its deadline"
     return Attribution(clause, "hung", "hang", mask(detail), where, detail)

@@ -239,3 +239,37 @@ def test_a_state_machines_look_that_a_finding_explains_ends_its_search(
     _caught(session_look)  # the machine's invariant failed; Hypothesis goes on shrinking
     watch.before_job()
     assert machine.stop_shrinking and machine.search_ended and ended == [True]
+
+
+def test_a_rank_that_crashed_inside_a_load_is_blocked_by_a_known_round_trip_finding() -> None:
+    from harness.verdicts.outcomes import Outcome, RankFailure
+
+    dump = (  # what faulthandler wrote for the SIGABRT met by the load bug (frames cut)
+        "Fatal Python error: Aborted\n\n"
+        "Thread 0x00007fea3be20b80 (most recent call first):\n"
+        '  File "/venv/torch/distributed/_functional_collectives.py", line 142 in wait_tensor\n'
+        '  File "/venv/torch/distributed/checkpoint/state_dict.py", line 1478 in set_state\n'
+        '  File "/src/my_strategy.py", line 73 in load_checkpoint\n'
+        '  File "/repo/suites/lib/ranks/checkpoint_jobs.py", line 281 in round_trip_rank\n'
+    )
+
+    def crash(stacks: str) -> BaseException:
+        outcomes = [Outcome(0, "ok"), Outcome(1, "crashed", exitcode=-6, stacks=stacks)]
+        return RankFailure("job 9: rank 1 crashed", outcomes)
+
+    whole_space = ("CKPT-RT-2", "CKPT-SAVE-4", "TRAIN-1")
+    triage = Triage({})
+    first = _check("test_whole_space[a]", *whole_space)
+    alone = triage.attribute(first, crash(dump))  # nothing known yet: the check's own crash
+    assert alone.clauses == list(whole_space) and first.blocked_by == ""
+
+    triage = Triage({})
+    load_bug = triage.attribute(
+        _check("test_roundtrip[full]", "CKPT-RT-1"), _round_trip_failure(*RT1)
+    )
+    check = _check("test_whole_space[b]", *whole_space)
+    assert triage.attribute(check, crash(dump)) is load_bug
+    assert check.blocked_by == "CKPT-RT-1" and load_bug.clauses == ["CKPT-RT-1"]
+    elsewhere = _check("test_whole_space[c]", *whole_space)
+    other = triage.attribute(elsewhere, crash(dump.replace("load_checkpoint", "setup_module")))
+    assert other is not load_bug and elsewhere.blocked_by == ""

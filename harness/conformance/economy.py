@@ -102,12 +102,16 @@ class ShrinkPolicy:
         """
         if check.search_ended:
             return
-        if not check.stop_shrinking and first_failure_time() is not None:
-            # a state machine's failure is not seen before its search ends: the one that
-            # escaped harness.looking is, and a known finding may already explain it
-            looked = last_looked_failure()
-            if looked is not None and self.findings.explaining(attribute(looked, check.clauses)):
-                check.stop_shrinking = True
+        # a state machine's failure is not seen before its search ends: the one that escaped
+        # harness.looking is, and a known finding may already explain it (the cheap test
+        # first: first_failure_time walks the stack, and this runs before every job)
+        looked = None if check.stop_shrinking else last_looked_failure()
+        if (
+            looked is not None
+            and first_failure_time() is not None
+            and self.findings.explaining(attribute(looked, check.clauses))
+        ):
+            check.stop_shrinking = True
         if check.stop_shrinking:  # its failure is a known finding's: no more examples
             check.search_ended = stop_after_this_example()
             return

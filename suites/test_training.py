@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 from suites.lib.controller.clause_covers import covering_examples
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.oracles import (
+    assert_clip_scales,
+    assert_clipped,
     assert_close,
     assert_close_state,
     assert_parity,
@@ -42,6 +44,7 @@ from suites.lib.controller.scenarios import SHARDING_STRATEGIES, job_world, scen
 from suites.lib.controller.tolerances import EXACT, tolerance
 from suites.lib.ranks.training import train_rank
 from suites.lib.ranks.training_jobs import (
+    FINITE_MAX_NORM,
     frozen_tied_rank,
     init_rank,
     no_sync_rank,
@@ -219,7 +222,9 @@ def test_clipping_uses_the_global_norm(scenario: Scenario) -> None:
         assert r.norms == results[0].norms, (
             f"rank {r.rank} returned norms {r.norms}, rank 0 {results[0].norms}"
         )
-    # the norms first: a wrong one changes every loss and parameter after it
+    # the scaling against the strategy's own norms, then the norms against the plain model's:
+    # a wrong scaling or norm changes every norm, loss and parameter after it
+    assert_clipped(results, scenario)
     ref = reference_run(scenario)
     for r in results:
         assert_close(
@@ -268,6 +273,11 @@ def _same_float(a: float, b: float) -> bool:
 def test_a_nonfinite_norm_raises_on_every_rank_and_leaves_gradients(scenario: Scenario) -> None:
     outs = run(nonfinite_rank, scenario, world_size=scenario.world_size)
     norm_type = scenario.plan.norm_type
+    tol = scenario_tolerance(scenario)
+    for rank, out in enumerate(outs):  # the ordinary clip first: the edges build on it
+        where = f"rank {rank}, an ordinary clip of finite gradients, norm_type={norm_type}"
+        finite = out["finite"]
+        assert_clip_scales(where, finite["norm"], finite["scaled"], FINITE_MAX_NORM, tol)
     for rank, out in enumerate(outs):
         assert out["zero"].startswith("ValueError") and "0" in out["zero"], (
             f"rank {rank}: norm_type=0 is no norm: clip_gradients_norm must raise ValueError "

@@ -45,6 +45,7 @@ from suites.lib.controller.clause_covers import round_trip_plan
 from suites.lib.controller.covering import CoverRow, cover_rows, universe
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.oracles import (
+    assert_clipped,
     assert_close,
     assert_parity,
     expected_dtypes,
@@ -91,8 +92,10 @@ ROWS = [
 
 
 def _assert_trains_like_the_plain_model(results: list[RankResult], scenario: Scenario) -> None:
-    """The clip norms (CLIP-1), then losses and parameters (TRAIN-1), each failure naming
-    its clause (a wrong norm also changes what follows: it is reported as CLIP-1's)."""
+    """The clip's scaling and norms (CLIP-1), then losses and parameters (TRAIN-1), each
+    failure naming its clause (a wrong clip also changes what follows: it is reported as
+    CLIP-1's)."""
+    assert_clipped(results, scenario, clause_id="CLIP-1")
     ref = reference_run(scenario)
     tol = scenario_tolerance(scenario)
     for r in results:

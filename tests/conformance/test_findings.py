@@ -57,13 +57,20 @@ def test_two_independent_bugs_give_two_findings_each_under_its_clause(tmp_path: 
     done, report, _ = run_suites(tmp_path, "two_bugs", "suites/test_training.py")
     assert done.returncode == 1, done.stdout[-3000:]
     findings = {f["id"]: f for f in report["findings"]}
-    # the clip bug fails both CLIP-1 checks, each with its own message (the norm check's
-    # "differ", the non-finite check's error_if_nonfinite=False scaling): CLIP-1 only
-    teardown, *clips = findings.values()
+    # the clip bug fails both CLIP-1 checks at their first clip, before any norm or loss
+    # differs from the plain model's: one finding that says the gradients were not scaled
+    teardown, clip = findings.values()
     assert teardown["clauses"] == ["API-8"], findings
-    assert clips and all(f["clauses"] == ["CLIP-1"] for f in clips), findings
+    assert clip["clauses"] == ["CLIP-1"], findings
     assert teardown["late"] and "checkpoint_io" in teardown["message"]
-    assert not clips[0]["late"] and "differ" in clips[0]["message"]
+    assert (
+        not clip["late"] and "gradients[…]: scaled by 1 in clip_gradients_norm" in clip["message"]
+    )
+    assert {c.split("[")[0] for c in clip["checks"]} == {
+        "test_training.test_clipping_uses_the_global_norm",
+        "test_training.test_a_nonfinite_norm_raises_on_every_rank_and_leaves_gradients",
+    }
+    clips = [clip]
     checks = _checks(report)
     # the teardown finding was seen by every check that tore a strategy down
     assert len(teardown["checks"]) >= 8

@@ -273,3 +273,21 @@ def test_a_rank_that_crashed_inside_a_load_is_blocked_by_a_known_round_trip_find
     elsewhere = _check("test_whole_space[c]", *whole_space)
     other = triage.attribute(elsewhere, crash(dump.replace("load_checkpoint", "setup_module")))
     assert other is not load_bug and elsewhere.blocked_by == ""
+
+
+def test_the_same_wrong_value_past_two_precisions_tolerances_is_one_finding() -> None:
+    from suites.lib.controller.oracles import assert_close
+    from suites.lib.controller.tolerances import Tolerance
+
+    def compare(reason: str) -> BaseException:
+        tol = Tolerance(1e-3, 1e-3, reason=reason)
+        actual, expected = torch.tensor([1.0, 2.5]), torch.tensor([1.0, 2.0])
+        body = lambda: assert_close(actual, expected, tol, name="CLIP-1: rank 0: clip norms")  # noqa: E731
+        return _caught(body).with_traceback(None)
+
+    triage = Triage({})
+    checks = [_check("test_space[bf16]", "CLIP-1", "TRAIN-1"), _check("test_space[fp16]", "CLIP-1")]
+    reasons = ("bf16 keeps 8 mantissa bits", "fp16 keeps 11 mantissa bits")
+    findings = [triage.attribute(c, compare(r)) for c, r in zip(checks, reasons, strict=True)]
+    assert [f.id for f in findings] == ["F1", "F1"]
+    assert findings[0].clauses == ["CLIP-1"]

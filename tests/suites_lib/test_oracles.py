@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from suites.lib.controller.oracles import (
+    assert_clip_scales,
+    assert_clipped,
     assert_close,
     assert_close_state,
     assert_same_on_ranks,
@@ -15,6 +19,8 @@ from suites.lib.controller.oracles import (
     scenario_tolerance,
 )
 from suites.lib.controller.tolerances import EXACT, Tolerance
+from suites.lib.ranks.readers import scaling
+from suites.lib.ranks.training import RankResult
 from suites.lib.shared.models import BlockSpec, ModelSpec, build_model, make_batch
 from suites.lib.shared.specs import FSDPConfig, OptimSpec, Scenario, TrainPlan
 
@@ -119,3 +125,38 @@ def test_the_reference_updates_running_statistics_once_per_micro_batch() -> None
     one, four = run(1), run(4)
     for key in ("bn.running_mean", "bn.running_var"):
         assert torch.equal(four[key], one[key]), key
+
+
+def test_clip_scaling_is_checked_against_the_strategys_own_norm() -> None:
+    tol = Tolerance(1e-4, 1e-5, reason="fp32")
+    assert_clip_scales("rank 0, step 0", 4.0, 0.5 / (4.0 + 1e-6), 0.5, tol)  # scaled right
+    assert_clip_scales("rank 0, step 0", 0.2, 1.0, 0.5, tol)  # below max_norm: unscaled
+    assert_clip_scales("rank 1, step 0", 4.0, None, 0.5, tol)  # this rank held no gradient
+    assert_clip_scales("rank 0, step 0", math.inf, 0.0, 0.5, tol)  # compared element-wise
+    with pytest.raises(AssertionError) as caught:
+        assert_clip_scales("rank 0, step 0", 4.0, 1.0, 0.5, tol)
+    message = str(caught.value)
+    assert message.startswith("rank 0, step 0: gradients[…]: scaled by 1 in clip_gradients_norm")
+    assert "returned the norm 4" in message and "= 0.125" in message
+
+
+def test_clip_scaling_of_a_run_fails_at_its_first_wrong_step_with_the_clause() -> None:
+    plan = TrainPlan(steps=2, micro_batches=1, batch_size=2, data_seed=3, clip=0.5)
+    scenario = _scenario(2, plan)
+    right = 0.5 / (4.0 + 1e-6)
+    results = [
+        RankResult(rank=0, dp_rank=0, norms=[4.0, 3.0], scaled=[right, 1.0]),
+        RankResult(rank=1, dp_rank=1, norms=[4.0, 3.0], scaled=[1.0, 1.0]),
+    ]
+    with pytest.raises(AssertionError, match=r"^CLIP-1: rank 1, step 0: gradients\[…\]: scaled"):
+        assert_clipped(results, scenario, clause_id="CLIP-1")
+    unclipped = _scenario(2, TrainPlan(steps=2, micro_batches=1, batch_size=2, data_seed=3))
+    assert_clipped(results, unclipped)  # a plan without clipping has nothing to check
+
+
+def test_scaling_reads_the_factor_of_this_ranks_gradients() -> None:
+    before = [torch.tensor([3.0, 4.0]), torch.zeros(0)]
+    assert scaling(before, [g * 0.25 for g in before]) == pytest.approx(0.25)
+    assert scaling(before, before) == pytest.approx(1.0)
+    assert scaling([torch.zeros(3)], [torch.zeros(3)]) is None
+    assert scaling([], []) is None

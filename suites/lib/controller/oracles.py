@@ -15,6 +15,7 @@ interop tests: a user's single-process run, and its optimizer state keyed like t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -29,6 +30,8 @@ from suites.lib.shared.specs import Scenario
 __all__ = [
     "LOW_DTYPES",
     "Reference",
+    "assert_clip_scales",
+    "assert_clipped",
     "assert_close",
     "assert_close_state",
     "assert_parity",
@@ -358,6 +361,48 @@ def assert_parity(
             got = {k: v for k, v in r.grads.items() if v is not None}
             assert_close_state(got, wanted, tol, what=f"{where}: gradient")
     return ref
+
+
+def assert_clip_scales(
+    where: str, norm: float, scaled: float | None, max_norm: float, tol: Tolerance
+) -> None:
+    """CLIP-1's scaling, against the strategy's own returned ``norm``: the clip scaled this
+    rank's gradients (``scaled``, :func:`suites.lib.ranks.readers.scaling`) by
+    ``min(1, max_norm / (norm + 1e-6))``.
+
+    It needs no reference, so a check asks it before comparing norms or losses with the
+    plain model: a clip that returns the right norm but scales wrongly is named here, at its
+    first step, instead of as the different norms and losses of the steps after it. The
+    message's ``gradients[…]`` is the same wrong value whichever check meets it, so they join
+    one finding.
+    """
+    if scaled is None or not math.isfinite(norm):
+        # nothing seen on this rank; a non-finite norm's scaling is compared element-wise
+        return
+    expected = min(1.0, max_norm / (norm + 1e-6))
+    if abs(scaled - expected) <= tol.rtol * expected:
+        return
+    raise AssertionError(
+        f"{where}: gradients[…]: scaled by {scaled:.6g} in clip_gradients_norm(max_norm="
+        f"{max_norm:g}), which returned the norm {norm:.6g}; torch scales by min(1, max_norm / "
+        f"(norm + 1e-6)) = {expected:.6g} (rtol={tol.rtol}, the scenario's: the factor is "
+        "rounded to the gradients' dtype)"
+    )
+
+
+def assert_clipped(results: list, scenario: Scenario, *, clause_id: str = "") -> None:
+    """:func:`assert_clip_scales` for every rank and clipped step of a training run (each
+    ``RankResult``'s ``norms`` and ``scaled``), first step first; ``clause_id`` prefixes the
+    message for a check of several clauses."""
+    if scenario.plan.clip is None:
+        return
+    tol = scenario_tolerance(scenario)
+    prefix = f"{clause_id}: " if clause_id else ""
+    for step in range(max((len(r.norms) for r in results), default=0)):
+        for r in results:
+            if step < len(r.norms) and step < len(r.scaled):
+                where = f"{prefix}rank {r.rank}, step {step}"
+                assert_clip_scales(where, r.norms[step], r.scaled[step], scenario.plan.clip, tol)
 
 
 LOW_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16}

@@ -17,7 +17,14 @@ from torch import Tensor, nn
 
 from suites.lib.shared.models import clean_name
 
-__all__ = ["gathered_grads", "gathered_optim_state", "gathered_state", "local"]
+__all__ = [
+    "gathered_grads",
+    "gathered_optim_state",
+    "gathered_state",
+    "local",
+    "local_grads",
+    "scaling",
+]
 
 
 def gathered_state(model: nn.Module) -> dict[str, Tensor]:
@@ -55,6 +62,28 @@ def gathered_grads(model: nn.Module) -> dict[str, Tensor | None]:
             grad = grad.full_tensor()
         out[clean_name(name)] = None if grad is None else _to_cpu(grad)
     return out
+
+
+def local_grads(model: nn.Module) -> list[Tensor]:
+    """This rank's own part of each gradient, as the strategy holds it (a DTensor's local
+    shard; FSDP1's flat or original parameters' gradients): no collective."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+
+
+def scaling(before: list[Tensor], after: list[Tensor]) -> float | None:
+    """The factor that took ``before`` to ``after`` (copies of :func:`local_grads` around a
+    clip): the ratio of their norms over all elements, or None where ``before`` is all zero
+    or empty (nothing to see on this rank)."""
+    if not before:
+        return None
+    size = float(torch.linalg.vector_norm(torch.stack([b.double().norm() for b in before])))
+    if size == 0.0:
+        return None
+    scaled = float(torch.linalg.vector_norm(torch.stack([a.double().norm() for a in after])))
+    return scaled / size
 
 
 def gathered_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from harness import RankContext, Strategy
 from harness.verdicts.attribution import clause
-from suites.lib.ranks.readers import gathered_grads, gathered_state
+from suites.lib.ranks.readers import gathered_grads, gathered_state, local_grads, scaling
 from suites.lib.shared.arguments import passes, plan_arguments
 from suites.lib.shared.models import Linear, build_model, make_batch
 from suites.lib.shared.specs import Scenario
@@ -54,6 +54,9 @@ class RankResult:
             (``strategy.distributed_sampler_kwargs["rank"]``).
         losses: ``losses[step][micro]``: unscaled micro-batch losses.
         norms: what ``clip_gradients_norm`` returned, per step.
+        scaled: per clipped step, the factor this rank's gradients were scaled by in the
+            clip (:func:`~suites.lib.ranks.readers.scaling`), None where it holds none or the
+            precision unscales in the same call (``16-mixed``: the loss scale is not known).
         state: the gathered model state dict after training.
         grads: the gathered gradients of the last step (when asked for).
         extra: test-specific observations.
@@ -63,6 +66,7 @@ class RankResult:
     dp_rank: int
     losses: list[list[float]] = field(default_factory=list)
     norms: list[float] = field(default_factory=list)
+    scaled: list[float | None] = field(default_factory=list)
     state: dict[str, Tensor] = field(default_factory=dict)
     grads: dict[str, Tensor | None] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -118,7 +122,8 @@ def train(
     steps: int | None = None,
     grads: bool = False,
 ) -> None:
-    """Run the scenario's plan; record losses and clip norms into ``result``.
+    """Run the scenario's plan; record losses, clip norms and the factor each clip scaled this
+    rank's gradients by into ``result``.
 
     All micro-batches but the last of a step run under ``no_backward_sync(enabled=True)``;
     with one micro-batch the context is entered with ``enabled=False`` (a no-op). A clipped
@@ -141,6 +146,7 @@ def train(
                 losses.append(micro_step(t, scenario, step, micro, result.dp_rank))
         result.losses.append(losses)
         if plan.clip is not None:
+            before = [g.detach().clone() for g in local_grads(t.model)]
             with clause("CLIP-1"):
                 norm = t.strategy.clip_gradients_norm(
                     t.model,
@@ -150,6 +156,8 @@ def train(
                     error_if_nonfinite=plan.error_if_nonfinite,
                 )
             result.norms.append(float(norm))
+            unscales = scenario.precision == "16-mixed"
+            result.scaled.append(None if unscales else scaling(before, local_grads(t.model)))
         if grads and step == steps - 1:
             result.grads = gathered_grads(t.model)
         with clause("API-4"):

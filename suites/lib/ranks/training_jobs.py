@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from harness import RankContext
-from suites.lib.ranks.readers import gathered_state
+from suites.lib.ranks.readers import gathered_state, local_grads, scaling
 from suites.lib.ranks.structure import sync_flags, sync_flags_after_a_raise
 from suites.lib.ranks.training import RankResult, end, micro_step, setup
 from suites.lib.shared.arguments import arguments, passes
@@ -21,7 +21,18 @@ from suites.lib.shared.models import build_model, clean_name
 from suites.lib.shared.parallelize import parallelize_zoo
 from suites.lib.shared.specs import FSDPConfig, Scenario
 
-__all__ = ["frozen_tied_rank", "init_rank", "no_sync_rank", "nonfinite_rank", "type_error_rank"]
+__all__ = [
+    "FINITE_MAX_NORM",
+    "frozen_tied_rank",
+    "init_rank",
+    "no_sync_rank",
+    "nonfinite_rank",
+    "type_error_rank",
+]
+
+#: ``max_norm`` of :func:`nonfinite_rank`'s ordinary clip: small, so that the zoo's gradients
+#: are scaled (gradients with a smaller norm are left as they are, which is right too)
+FINITE_MAX_NORM = 1e-3
 
 
 def frozen_tied_rank(ctx: Any, scenario: Scenario) -> RankResult:
@@ -119,11 +130,15 @@ def type_error_rank(ctx: RankContext, family: str, which: str) -> str:
     )
 )
 def nonfinite_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
-    """CLIP-1 at its edges, with the plan's ``norm_type``: ``norm_type=0`` (no norm) must be
-    refused with the gradients unchanged; then, for each of ``inf`` and ``nan`` in turn, the
-    gradients of a fresh backward get one element set to it and are clipped to ``1e-3`` with
-    ``error_if_nonfinite=True`` (must raise, gradients unchanged) and then ``False``: the
-    returned norm and this rank's local gradients before and after are reported."""
+    """CLIP-1 at its edges, with the plan's ``norm_type``.
+
+    First an ordinary clip of finite gradients to :data:`FINITE_MAX_NORM`: its returned norm
+    and the factor it scaled this rank's gradients by are reported. Then ``norm_type=0`` (no
+    norm) must be refused with the gradients unchanged; then, for each of ``inf`` and ``nan``
+    in turn, the gradients of a fresh backward get one element set to it and are clipped to
+    ``1e-3`` with ``error_if_nonfinite=True`` (must raise, gradients unchanged) and then
+    ``False``: the returned norm and this rank's local gradients before and after are
+    reported."""
     from torch.distributed.tensor import DTensor
 
     norm_type = scenario.plan.norm_type
@@ -138,6 +153,15 @@ def nonfinite_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
         or "HYBRID" in scenario.strategy.sharding_strategy
     )
     out: dict[str, Any] = {}
+    # the ordinary case first: a clip that scales finite gradients wrongly is that finding,
+    # not the non-finite cases' different gradients after it
+    t.optimizer.zero_grad(set_to_none=True)
+    micro_step(t, scenario, 0, 0, dp_rank)
+    before = [g.detach().clone() for g in local_grads(t.model)]
+    norm = t.strategy.clip_gradients_norm(
+        t.model, t.optimizer, max_norm=FINITE_MAX_NORM, norm_type=norm_type
+    )
+    out["finite"] = {"norm": float(norm), "scaled": scaling(before, local_grads(t.model))}
     for poison in ("inf", "nan"):
         t.optimizer.zero_grad(set_to_none=True)
         micro_step(t, scenario, 0, 0, dp_rank)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 
+from harness.conformance.crash_site import clause_at_crash
 from harness.verdicts.attribution import LateViolation, clause_of, looked_through
 from harness.verdicts.outcomes import RankFailure
 
@@ -307,6 +308,7 @@ def _rank_attribution(failure: RankFailure, clause: str) -> Attribution:
         )
     if first.kind == "crashed":
         what = f"exit code {first.exitcode}"
+        clause = clause or clause_at_crash(first.stacks)
         through = _crashed_inside(first.stacks)
         message = f"rank crashed: {what}"
         return Attribution(clause, "crashed", "crash", mask(what), "", message, through=through)

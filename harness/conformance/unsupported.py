@@ -7,7 +7,10 @@ Hypothesis, the check becomes the skip ``unsupported: option=value (reason)``; i
 Hypothesis test, the example is recorded on the running check (the session tells the check's
 :class:`CheckWatch`) and rejected, so the other examples still run: the plugin wraps the
 test's ``hypothesis.inner_test`` (the attribute Hypothesis lets plugins replace) for the
-duration of the call. Only when no example could run does the check become that skip. Suites
+duration of the call. Only when no example could run does the check become that skip. When
+some examples ran and passed (a check's explicit examples of a family the strategy offers) and
+Hypothesis then ran out of draws because every later one was refused, the check passed on what
+the strategy offers: it is ``passed``, with the refused values listed, not an error. Suites
 may also call :func:`record_unsupported` and ``hypothesis.reject()`` themselves, or use
 :func:`skip_or_reject_unsupported`; a ``reject()`` called while handling an ``Unsupported``
 is recorded as well (the rejection's ``__context__`` is that ``Unsupported``), once: the

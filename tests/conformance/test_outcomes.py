@@ -191,6 +191,14 @@ def run_like_the_suites(n):
 def test_suite_catches_and_rejects(n):
     run_like_the_suites(n)
 
+@pytest.mark.clause("TRAIN-2")
+@fast
+@given(st.integers(0, 20))
+@hypothesis.example(-1)
+def test_only_the_explicit_example_is_offered(n):
+    if n >= 0:  # a family the strategy does not offer: every draw refused
+        raise Unsupported("only the other family", "size", n)
+
 @pytest.mark.clause("SHARD-2")
 @fast
 @given(st.integers(0, 20))
@@ -214,6 +222,10 @@ def test_hypothesis_unsupported_examples(run_suite: RunSuite) -> None:
     run = run_suite(HYPOTHESIS)
     outcomes = run.outcomes()
     assert outcomes["test_fake.test_some_unsupported"] == "passed"
+    # its explicit example passed and every draw was refused: passed on what it offers
+    assert outcomes["test_fake.test_only_the_explicit_example_is_offered"] == "passed"
+    offered = run.check("test_fake.test_only_the_explicit_example_is_offered")
+    assert offered["unsupported"] and "size=" in offered["unsupported"][0]
     assert outcomes["test_fake.test_all_unsupported"] == "unsupported"
     assert outcomes["test_fake.test_explicit_record_and_reject"] == "unsupported"
     assert outcomes["test_fake.test_failing_example"] == "failed"

@@ -5,6 +5,12 @@ it checks the arguments, pickles them into a :class:`~harness.wire.protocol.Job`
 session's pool of that size, replays a job that hung or broke a collective with collective
 checking (and runs the rest of its check checked), learns the check's deadlines, and returns
 every rank's value or raises the failure that names every rank's story.
+
+Once a replay has named a desync, every later job of the session runs checked: the same bug
+tends to meet the checks after it, and a checked job names a mismatch at once (well under a
+second) where an unchecked one first waits out the hang, is killed and is replayed (about
+two restarts of the ranks per check), and turning checking off again for the next check
+would restart them once more.
 """
 
 from __future__ import annotations
@@ -64,6 +70,8 @@ def run_on_ranks(
     if all(o.ok for o in outcomes):
         return [o.value for o in outcomes]
     failure = failure_for(outcomes, what)
+    if isinstance(failure, CollectiveDesync):
+        session.desync_seen = True
     if isinstance(failure, (CollectiveDesync, CollectiveHang)):
         shrink_once()  # one bug whatever the example's size: shrink it once
     raise failure
@@ -122,7 +130,8 @@ def _run_job(
 
 def _use_checking(session: HarnessSession, pool: RankPool, check: str) -> bool:
     """Put the pool in the checking mode this check needs; return whether it checks."""
-    return pool.set_checking(session.config.check_collectives or check == session.checked_check)
+    wanted = session.config.check_collectives or session.desync_seen
+    return pool.set_checking(wanted or check == session.checked_check)
 
 
 def _pickle_args(args: tuple[Any, ...]) -> bytes:

@@ -94,6 +94,7 @@ class HarnessSession:
         self.last_job_id = 0
         self.deadlines = Deadlines(ceiling=self.config.rank_timeout)
         self.checked_check: str | None = None  # the check whose jobs run with checking
+        self.desync_seen = False  # a replay named a desync: every later job runs checked
         self.refusals: dict[str, Refusal] = {}  # the last refusal of each outcome
         self.remembered = RememberedRefusals()  # option values the strategy refused
         self.output_sink: OutputSink | None = None
@@ -119,6 +120,7 @@ class HarnessSession:
         self.config = new
         self.deadlines = Deadlines(ceiling=new.rank_timeout)
         self.checked_check = None
+        self.desync_seen = False
         return new
 
     def unavailable_reason(self, world_size: int) -> str | None:

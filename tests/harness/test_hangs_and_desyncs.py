@@ -124,3 +124,20 @@ def test_barrier_on_one_rank_is_a_desync_under_ckpt_strict_2(extra: tuple[str, .
     if "Warning: " in out:
         assert out.index("= rank warnings summary =") > out.index("= FAILURES =")
     assert took <= 30, f"the check took {took:.1f} s"
+
+
+def test_after_a_desync_the_next_checks_jobs_run_checked_from_the_start() -> None:
+    from harness.run.session import current
+
+    session = current()
+    with pytest.raises(CollectiveDesync):
+        run_on_ranks(all_reduce_other_shapes, world_size=2)
+    assert session.desync_seen
+    session.checked_check = None  # what the next check sees: not the check that desynced
+    heals = len(session.heals)
+    with pytest.raises(CollectiveDesync) as info:
+        run_on_ranks(all_reduce_other_shapes, world_size=2)
+    # checked from the start: named by the first run, no hang and no replay
+    assert "replayed with collective checking" not in str(info.value)
+    assert [h.cause for h in session.heals[heals:]] == ["broken group"]
+    assert run_on_ranks(healthy_job, world_size=2) == [2.0, 2.0]  # checked, and healthy

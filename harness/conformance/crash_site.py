@@ -1,11 +1,12 @@
-"""Which clause a crashed rank was exercising, read from its fatal-error dump.
+"""What a crashed rank was doing, read from its fatal-error dump.
 
 A rank that dies of a signal (SIGSEGV, SIGABRT) raises nothing, so no ``harness.clause``
 block can tag its failure, and the crash would be filed under every clause of its check. Its
 faulthandler dump still lists the frames it died in. The innermost frame in shardcheck's own
 code (``suites/``, ``harness/``) that sits inside a ``with clause("X"):`` block of its
 source says which clause's method was running: the clause the same code would have tagged
-an exception with.
+an exception with. A rank that died inside the strategy's ``load_checkpoint`` or
+``save_checkpoint`` was looking through the round trip (:func:`crashed_inside`).
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ import linecache
 import re
 from pathlib import Path
 
-__all__ = ["clause_at_crash", "dump_frames"]
+__all__ = ["CRASH_THROUGH", "OWN_DIRS", "clause_at_crash", "crashed_inside", "dump_frames"]
 
 _ROOT = Path(__file__).resolve().parents[2]
-_OWN_DIRS = tuple(str(_ROOT / d) + "/" for d in ("harness", "suites"))
+#: frames in these directories are shardcheck's own (not where a strategy's bug lives)
+OWN_DIRS = tuple(str(_ROOT / d) + "/" for d in ("harness", "suites"))
+#: the clauses whose finding explains a rank that crashed inside a checkpoint method
+CRASH_THROUGH = ("CKPT-RT-1", "CKPT-RT-2")
 #: a frame of a faulthandler dump: ``  File "/x/y.py", line 73 in load_checkpoint``
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+),? in (?P<func>\S+)', re.M)
 #: the start of one thread's frames in a dump
@@ -40,11 +44,19 @@ def clause_at_crash(dump: str) -> str:
     """The clause of the innermost ``with clause(...)`` block of shardcheck's own code that
     the dead thread was inside, or ``""`` (no dump, or no such block on its stack)."""
     for file, line, _ in dump_frames(dump):
-        if file.startswith(_OWN_DIRS):
+        if file.startswith(OWN_DIRS):
             found = _enclosing_clause(file, line)
             if found:
                 return found
     return ""
+
+
+def crashed_inside(dump: str) -> tuple[str, ...]:
+    """The clauses a crashed rank's dump says it died under: inside the strategy's
+    ``load_checkpoint`` or ``save_checkpoint`` (any thread's frame) it died in a round trip,
+    and a known round-trip finding explains it ([Note: looking through]); else ``()``."""
+    methods = {m["func"] for m in _FRAME.finditer(dump)}
+    return CRASH_THROUGH if methods & {"load_checkpoint", "save_checkpoint"} else ()
 
 
 def _enclosing_clause(file: str, line: int) -> str:

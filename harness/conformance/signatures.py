@@ -20,12 +20,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 
-from harness.conformance.crash_site import clause_at_crash
+from harness.conformance.crash_site import OWN_DIRS, clause_at_crash, crashed_inside
 from harness.verdicts.attribution import LateViolation, clause_of, looked_through
 from harness.verdicts.outcomes import RankFailure
 
 __all__ = [
-    "CRASH_THROUGH",
     "Attribution",
     "attribute",
     "difference",
@@ -37,7 +36,6 @@ __all__ = [
 
 _ROOT = Path(__file__).resolve().parents[2]
 #: frames in these directories are shardcheck's own (not where a strategy's bug lives)
-_OWN_DIRS = tuple(str(_ROOT / d) + "/" for d in ("harness", "suites"))
 _LIBRARY_PARTS = ("/_pytest/", "/pluggy/", "/hypothesis/", "/contextlib.py")
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)', re.M)
 #: terminal colour codes some libraries put in their messages (torch's weights-only error)
@@ -55,10 +53,6 @@ _MASKS = (
     (re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?!\w)"), "N"),
 )
 _KEY_CHARS = 160
-#: a frame of a fatal-error dump (faulthandler: ``File "...", line 73 in load_checkpoint``)
-_DUMP_FUNCTION = re.compile(r'File "[^"]+", line \d+,? in (\w+)')
-#: the clauses whose finding explains a rank that crashed inside a checkpoint method
-CRASH_THROUGH = ("CKPT-RT-1", "CKPT-RT-2")
 #: a desync verdict's line for one rank's collective (harness.verdicts.failures)
 _ENTERED = re.compile(r"entered \w+\b.*? at (?P<file>/\S+):(?P<line>\d+) in (?P<func>\S+)")
 #: the first line of a suite's report of a rank's exception: ``rank 0: ValueError: ...``
@@ -151,7 +145,7 @@ def _strip_line(where: str) -> str:
 
 
 def _own(path: str) -> bool:
-    return path.startswith(_OWN_DIRS) or any(part in path for part in _LIBRARY_PARTS)
+    return path.startswith(OWN_DIRS) or any(part in path for part in _LIBRARY_PARTS)
 
 
 def _short_path(path: str) -> str:
@@ -179,14 +173,6 @@ def _collective_site(story: str) -> tuple[str, bool] | None:
         if not _own(match["file"]):
             return f"{_short_path(match['file'])}:{match['line']} {match['func']}", True
     return None
-
-
-def _crashed_inside(dump: str) -> tuple[str, ...]:
-    """The clauses a crashed rank's fatal-error dump says it died under: inside the strategy's
-    ``load_checkpoint`` or ``save_checkpoint`` it died in a round trip, and a known round-trip
-    finding explains it ([Note: looking through]); else ``()``."""
-    methods = set(_DUMP_FUNCTION.findall(dump))
-    return CRASH_THROUGH if methods & {"load_checkpoint", "save_checkpoint"} else ()
 
 
 def _tb_text(tb: TracebackType | None) -> str:
@@ -309,7 +295,7 @@ def _rank_attribution(failure: RankFailure, clause: str) -> Attribution:
     if first.kind == "crashed":
         what = f"exit code {first.exitcode}"
         clause = clause or clause_at_crash(first.stacks)
-        through = _crashed_inside(first.stacks)
+        through = crashed_inside(first.stacks)
         message = f"rank crashed: {what}"
         return Attribution(clause, "crashed", "crash", mask(what), "", message, through=through)
     where, _ = _where_in_text(first.stacks)

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from harness.config import HarnessConfig, describe_backends
+from harness.conformance.provenance import provenance
 from harness.conformance.replay import as_option
 from harness.run.session import session_of
 
@@ -133,6 +134,8 @@ def run(config: pytest.Config, started_at: datetime, wall_time_s: float) -> dict
         "require_whole_space": bool(config.getoption("require_whole_space", False)),
         # see [Note: heals are counted] in harness.pool.rankpool
         "heals": [heal.as_dict() for heal in session_of(config).heals],
+        # the command, shardcheck's commit and the machine: what a published figure cites
+        **provenance(config),
     }
 
 

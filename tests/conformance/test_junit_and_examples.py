@@ -3,6 +3,7 @@ run's facts and each finding's example (Hypothesis' failing example, or the chec
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from datetime import datetime
 
@@ -112,6 +113,10 @@ def test_report_json_has_run_facts_and_examples(run_suite: RunSuite) -> None:
     started = datetime.fromisoformat(facts["started_at"].replace("Z", "+00:00"))
     assert started.utcoffset() is not None and started.utcoffset().total_seconds() == 0  # type: ignore[union-attr]
     assert 0 < facts["wall_time_s"] < 300
+    # what a published figure cites: the command as typed, shardcheck's commit, the machine
+    assert facts["command"].startswith("pytest ") and "--hypothesis-seed=42" in facts["command"]
+    assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", facts["commit"])
+    assert facts["machine"]["cpus"] >= 1 and facts["machine"]["cpu"]
     examples = {f["checks"][0]: f["example"] for f in report["findings"]}
     assert examples["test_fake.test_hypothesis"] == (
         "Failing test case: test_hypothesis(\n    n=7,\n)"

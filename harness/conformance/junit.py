@@ -14,7 +14,8 @@ A report takes a copy of ``item.user_properties`` when it is made, so:
 
 The properties: ``check`` (the check id), ``clauses`` (comma-separated), ``outcome`` (the
 shardcheck outcome: ``blocked``, ``unsupported``... where JUnit says only failure or
-skipped), ``finding`` (``F3``, for ``failed``, ``blocked``, ``desync`` and ``hang``),
+skipped), ``finding`` (``F3``, for the outcomes that
+:attr:`~harness.report.outcome.Outcome.joins_finding`),
 ``attributed_to`` (the clauses the failure broke) and ``late_findings`` (findings recorded
 after the check's property).
 """
@@ -24,11 +25,9 @@ from __future__ import annotations
 from typing import Any
 
 from harness.conformance.checks import Check
+from harness.report.outcome import Outcome
 
-__all__ = ["FAILING", "annotate", "collected", "outcome_properties"]
-
-#: outcomes whose check belongs to a finding
-FAILING = frozenset({"failed", "blocked", "desync", "hang"})
+__all__ = ["annotate", "collected", "outcome_properties"]
 
 
 def collected(item: Any, check: Check) -> None:
@@ -43,7 +42,7 @@ def outcome_properties(check: Check) -> list[tuple[str, str]]:
     if check.outcome is None:
         return []
     properties = [("outcome", check.outcome)]
-    if check.outcome in FAILING and check.finding:
+    if Outcome(check.outcome).joins_finding and check.finding:
         properties.append(("finding", check.finding))
         if check.failed_clauses:
             properties.append(("attributed_to", ",".join(check.failed_clauses)))

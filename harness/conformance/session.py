@@ -28,11 +28,13 @@ from harness.conformance.examples import item_parameters
 from harness.conformance.findings import Finding
 from harness.conformance.progress import Progress, terminal_writer
 from harness.conformance.signatures import is_failure
+from harness.conformance.strict import StrictVerdict, add_to_junit, strict_verdict
 from harness.conformance.summary import summary_wanted, write_summary
 from harness.conformance.triage import LATE_PREFIX, Triage, shrink_budget
 from harness.conformance.unsupported import CheckWatch, rejecting, skip_exception
 from harness.contract import Unsupported
-from harness.report import NOT_RUN, CheckResult, Report, nonconforming, write_report
+from harness.report import NOT_RUN, CheckResult, Report, write_report
+from harness.report.outcome import Outcome
 from harness.run.session import HarnessSession, session_of
 from harness.run.shrinking import quiet_slow_shrinking
 
@@ -49,6 +51,11 @@ def _parse_clauses(value: str | None) -> list[str]:
             "e.g. --clauses 'CKPT-RT-3,CLIP-1' or --clauses 'CKPT-*'."
         )
     return patterns
+
+
+def _joins(check: Check) -> bool:
+    """Whether the check's outcome makes it part of a finding."""
+    return Outcome(check.outcome or Outcome.ERROR).joins_finding
 
 
 class ConformancePlugin:
@@ -73,6 +80,7 @@ class ConformancePlugin:
         self.deselected: list[str] = []
         self.matched_patterns: set[str] = set()
         self.report: Report | None = None
+        self.strict: StrictVerdict | None = None  # under --conformance-strict
         self.triage = Triage(self.expected_late)
         self.progress = Progress(terminal_writer(config))
         self.started_at = datetime.now(timezone.utc)  # the report's run.started_at
@@ -243,20 +251,27 @@ class ConformancePlugin:
         directory = self.config.getoption("conformance_report")
         if directory:
             write_report(self.report, directory)
-        whole = self.config.getoption("require_whole_space")
-        bad = [c.id for c in nonconforming(self.report.checks, whole)]
         late = [f for f in self.triage.findings if f.seen_late]
         unexpected = [f for f in late if not set(f.clauses) <= set(self.expected_late)]
         if unexpected and session.exitstatus == 0:  # a violation, though no check failed on it
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.triage.late_unmatched() and session.exitstatus == 0:  # an expected one went away
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        if self.config.getoption("conformance_strict") and bad and session.exitstatus == 0:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if self.config.getoption("conformance_strict"):
+            whole = bool(self.config.getoption("require_whole_space"))
+            self.strict = strict_verdict(self.report, whole)
+            if not self.strict.passed and session.exitstatus == 0:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        """A failed strict verdict is a failed test case of the ``--junitxml`` file too (pytest
+        wrote the file at the session's end), so the file and the exit status agree."""
+        path = config.getoption("xmlpath", None)
+        if self.strict is not None and not self.strict.passed and path:
+            add_to_junit(path, self.strict)
 
     def build_report(self) -> Report:
         """The report of this session, from the checks as they stand."""
-        failing = ("failed", "blocked", "desync", "hang", "xfailed")
         checks = [
             CheckResult(
                 id=c.id,
@@ -265,8 +280,8 @@ class ConformancePlugin:
                 duration_s=round(c.duration_s, 4),
                 failure=c.failure,
                 reproducer=facts.reproducer(self.config, c.nodeid, c.text),
-                finding=c.finding or None if c.outcome in failing else None,
-                attributed_to=list(c.failed_clauses) if c.outcome in failing else [],
+                finding=c.finding or None if _joins(c) else None,
+                attributed_to=list(c.failed_clauses) if _joins(c) else [],
                 family=c.family,
                 rank_jobs=c.rank_jobs,
                 unsupported=list(c.unsupported),

@@ -11,15 +11,16 @@ from typing import Any
 import pytest
 
 from harness.conformance.progress import unprefixed
+from harness.conformance.strict import strict_verdict
 from harness.report import (
     NO_CLAUSE,
     Report,
     clause_family_outcomes,
     clause_outcomes,
     declared_unsupported,
-    nonconforming,
 )
 from harness.report.markdown import clause_coverage_line, coverage_line
+from harness.report.model import environment_note
 
 __all__ = ["finding_lines", "headline", "summary_lines", "summary_wanted", "write_summary"]
 
@@ -108,9 +109,11 @@ def summary_lines(config: pytest.Config, report: Report) -> list[str]:
         split = " ".join(f"{fam}={o}" for fam, o in families.items()) if len(families) > 1 else ""
         if outcome == "passed":
             declared = declared_unsupported(members, reasons=False)
-            if declared:  # a strategy that offers part of the space: say which part it left
-                left = ", ".join(declared)
-                lines.append(_clip(f"  {clause:<16} {'passed':<12} declared unsupported: {left}"))
+            notes = [f"declared unsupported: {', '.join(declared)}"] if declared else []
+            if environment_note(clause, members):  # the checks that need another machine
+                notes.append(environment_note(clause, members).strip(" ()") + " (not run here)")
+            if notes:  # a strategy that offers part of the space: say which part it left
+                lines.append(_clip(f"  {clause:<16} {'passed':<12} {'; '.join(notes)}"))
                 if split:
                     lines.append(f"  {'':<16} {'':<12} by family: {split}")
             continue
@@ -140,7 +143,7 @@ def write_summary(terminalreporter: Any, config: pytest.Config, report: Report) 
     """Write the summary section; under ``--conformance-strict`` also the verdict.
 
     A strict run with non-conforming checks also adds ``N nonconforming`` to pytest's last
-    line, so that line is never green when the run fails.
+    line, so that line is never green when the run fails (see :mod:`.strict`).
     """
     tr = terminalreporter
     tr.section("shardcheck conformance")
@@ -148,47 +151,12 @@ def write_summary(terminalreporter: Any, config: pytest.Config, report: Report) 
         tr.write_line(line)
     if not config.getoption("conformance_strict"):
         return
-    whole = bool(config.getoption("require_whole_space"))
-    bad = nonconforming(report.checks, whole)
-    expected = set(report.expected_failures.get("late_findings_expected", []))
-    late = [f for f in report.findings if f.late and not set(f.clauses) <= expected]
-    if not bad and late:
-        ids = ", ".join(f"{f.id} ({', '.join(f.clauses)})" for f in late)
-        tr.write_line(
-            f"conformance-strict: FAILED: every check passed, but findings {ids} were "
-            "recorded after their checks' properties",
-            red=True,
-            bold=True,
-        )
-        tr.stats.setdefault("nonconforming", []).extend(
-            SimpleNamespace(nodeid=f.id, when="call", outcome="nonconforming") for f in late
-        )
+    decided = strict_verdict(report, bool(config.getoption("require_whole_space")))
+    if decided.passed:
+        tr.write_line(f"conformance-strict: {decided.sentence}")
         return
-    refused = sum(c.outcome == "unsupported" for c in report.checks)
-    if not bad:
-        offered = (
-            f"; {refused} declared unsupported (the strategy offers part of the space: "
-            "--require-whole-space demands all of it)"
-            if refused
-            else ""
-        )
-        tr.write_line(
-            f"conformance-strict: every check passed or needs another environment{offered}"
-        )
-        return
-    counts: dict[str, int] = {}
-    for check in bad:
-        counts[check.outcome] = counts.get(check.outcome, 0) + 1
-    listing = ", ".join(f"{n} {o}" for o, n in counts.items())
-    if all(c.outcome == "unsupported" for c in bad) and not whole:
-        verdict = (
-            f"the strategy declared every check it met unsupported ({len(bad)}): it offered "
-            "nothing to check"
-        )
-    else:
-        allowed = "passed nor environment" if whole else "passed, environment nor unsupported"
-        verdict = f"{len(bad)} checks are neither {allowed} ({listing})"
-    tr.write_line(f"conformance-strict: FAILED: {verdict}", red=True, bold=True)
+    tr.write_line(f"conformance-strict: FAILED: {decided.sentence}", red=True, bold=True)
     tr.stats.setdefault("nonconforming", []).extend(
-        SimpleNamespace(nodeid=c.id, when="call", outcome="nonconforming") for c in bad
+        SimpleNamespace(nodeid=i, when="call", outcome="nonconforming")
+        for i in decided.nonconforming
     )

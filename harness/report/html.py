@@ -15,6 +15,7 @@ from typing import Any
 from harness.report.markdown import clause_coverage_line, coverage_line
 from harness.report.matrix import COVERED, NEVER, REACHED, CoverageMatrix, coverage_matrix
 from harness.report.model import NO_CLAUSE, Report, clause_family_outcomes, clause_outcomes
+from harness.report.outcome import Outcome
 from harness.report.verdict import verdict
 
 __all__ = ["render_html"]
@@ -48,15 +49,21 @@ pre{background:#f6f8fa;padding:6px;white-space:pre-wrap;word-break:break-word;ma
 .c-{background:#eaeef2}
 .key span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;vertical-align:-1px}
 """
-_OUTCOME_CLASS = {
-    "passed": "ok",
-    "failed": "bad",
-    "desync": "bad",
-    "hang": "bad",
-    "error": "warn",
-    "blocked": "warn",
-    "xfailed": "xf",
-}
+
+
+def _outcome_class(outcome: str) -> str:
+    """The badge colour: green passed, red a failure of the check's own, amber an error or a
+    block, purple expected, grey what did not run."""
+    kind = Outcome(outcome)
+    if kind is Outcome.PASSED:
+        return "ok"
+    if kind is Outcome.XFAILED:
+        return "xf"
+    if kind.fails_run:
+        return "bad" if kind.joins_finding and kind is not Outcome.BLOCKED else "warn"
+    return "idle"
+
+
 _TITLES = {COVERED: ": covered", REACHED: ": not passed", NEVER: ": never reached", "": ""}
 _STATE_WORDS = {
     COVERED: "covered by a passing check",
@@ -75,7 +82,7 @@ def _clip(text: str, limit: int) -> str:
 
 
 def _badge(outcome: str) -> str:
-    return f'<span class="o o-{_OUTCOME_CLASS.get(outcome, "idle")}">{_e(outcome)}</span>'
+    return f'<span class="o o-{_outcome_class(outcome)}">{_e(outcome)}</span>'
 
 
 def _first_line(text: str | None, limit: int = 300) -> str:

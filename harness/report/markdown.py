@@ -7,12 +7,12 @@ from typing import Any
 from harness.clauses import CLAUSES
 from harness.report.model import (
     NO_CLAUSE,
-    NOT_RUN,
     CheckResult,
     Report,
     clause_family_outcomes,
     clause_outcomes,
 )
+from harness.report.outcome import Outcome
 
 __all__ = ["render_markdown"]
 
@@ -215,7 +215,7 @@ def render_markdown(report: Report) -> str:
         split = "".join(f"{by_family.get(clause, {}).get(f, '-')} | " for f in families)
         lines.append(f"| {clause} | {outcome} | {split}{len(members)} | {_cell(', '.join(bad))} |")
     lines += _coverage_lines(report.coverage)
-    failures = [c for c in report.checks if c.outcome in ("failed", "blocked", "error", "xfailed")]
+    failures = [c for c in report.checks if Outcome(c.outcome).is_failure]
     lines += ["", "## Failures", ""]
     if not failures:
         lines.append("None.")
@@ -226,7 +226,7 @@ def render_markdown(report: Report) -> str:
         lines += [_fence(check.failure or "(no message)"), "", "Reproduce:", ""]
         lines += [_fence(check.reproducer), ""]
     lines += _clause_texts(failures)
-    not_run = [c for c in report.checks if c.outcome in ("unsupported", "environment", NOT_RUN)]
+    not_run = [c for c in report.checks if Outcome(c.outcome).did_not_run]
     if not_run:
         lines += ["", "## Checks that did not run (unsupported, environment, not run)", ""]
         lines += ["| check | clauses | outcome | reason |", "|---|---|---|---|"]

@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.report.outcome import Outcome, worst
+
 __all__ = [
     "BLOCKED",
     "CONFORMING",
@@ -22,9 +24,11 @@ __all__ = [
     "FindingResult",
     "Report",
     "ReportError",
+    "against",
     "clause_family_outcomes",
     "clause_outcomes",
     "declared_unsupported",
+    "environment_note",
     "load_report",
     "nonconforming",
     "offered_outcome",
@@ -37,48 +41,26 @@ __all__ = [
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)
 #: The outcome of a check the session never reached (interrupted, ``-x``, ``--maxfail``).
-NOT_RUN = "not run"
+NOT_RUN = Outcome.NOT_RUN.value
 #: A failure whose ranks entered different collectives
 #: (``harness.verdicts.failures.CollectiveDesync``).
-DESYNC = "desync"
+DESYNC = Outcome.DESYNC.value
 #: A failure whose ranks waited inside the job (``harness.verdicts.failures.CollectiveHang``).
-HANG = "hang"
+HANG = Outcome.HANG.value
 #: A check whose property was never reached: another clause's violation came first.
-BLOCKED = "blocked"
+BLOCKED = Outcome.BLOCKED.value
 #: Outcome names, in the order reports list them (``desync`` and ``hang`` are failures of
 #: their own kind).
-OUTCOMES = (
-    "passed",
-    "failed",
-    "error",
-    "unsupported",
-    "environment",
-    "xfailed",
-    NOT_RUN,
-    DESYNC,
-    HANG,
-    BLOCKED,
-)
-#: The same, worst first: a clause takes the worst outcome of its checks. A clause with a
-#: check that did not run is not known to hold, so ``not run`` ranks above every skip.
-SEVERITY = (
-    "failed",
-    DESYNC,
-    HANG,
-    "error",
-    BLOCKED,
-    NOT_RUN,
-    "xfailed",
-    "unsupported",
-    "environment",
-    "passed",
-)
-#: Outcomes that do not fail a ``--conformance-strict`` run.
-CONFORMING = frozenset({"passed", "environment"})
+OUTCOMES = tuple(o.value for o in Outcome)
+#: The same, worst first (:attr:`Outcome.severity`): a clause takes the worst outcome of its
+#: checks.
+SEVERITY = tuple(sorted(OUTCOMES, key=lambda o: Outcome(o).severity))
+#: Outcomes that do not fail a ``--conformance-strict`` run (:meth:`Outcome.conforms`).
+CONFORMING = frozenset(o.value for o in Outcome if o.conforms(whole_space=True))
 #: The same when the strategy need not offer the whole configuration space (the default): a
 #: check whose every example the strategy declared ``Unsupported`` conforms (see
 #: :func:`nonconforming`).
-CONFORMING_OFFERED = CONFORMING | {"unsupported"}
+CONFORMING_OFFERED = frozenset(o.value for o in Outcome if o.conforms(whole_space=False))
 NO_CLAUSE = "(no clause)"
 
 
@@ -132,7 +114,7 @@ class CheckResult:
     def clause_outcome(self, clause: str) -> str:
         """This check's outcome for one of its clauses: a failure attributed to another of
         its clauses leaves this one ``blocked`` (not verified), not failed."""
-        failing = self.outcome in ("failed", DESYNC, HANG)
+        failing = self.outcome in (Outcome.FAILED, Outcome.DESYNC, Outcome.HANG)
         if failing and self.attributed_to and clause not in self.attributed_to:
             return BLOCKED
         return self.outcome
@@ -270,18 +252,22 @@ class Report:
 
 def worst_outcome(outcomes: Iterable[str]) -> str:
     """The worst of ``outcomes`` in the order of :data:`SEVERITY` (``passed`` if empty)."""
-    present = set(outcomes)
-    return next((o for o in SEVERITY if o in present), "passed")
+    return worst(outcomes).value
 
 
 def offered_outcome(outcomes: Iterable[str]) -> str:
-    """A clause's outcome from its checks' ``outcomes``: the worst, where a check the
-    strategy declared ``unsupported`` does not count against checks that passed (the
-    strategy conforms on what it offers; see [Note: a strategy that offers a subset])."""
-    present = set(outcomes)
-    if "passed" in present:
-        present.discard("unsupported")
-    return worst_outcome(present)
+    """A clause's outcome from its checks' ``outcomes``: the worst of those that count against
+    a clause (:attr:`Outcome.counts_against_clause`); when none does, ``passed`` if a check
+    passed (checks the strategy declared ``unsupported`` and checks that need another
+    ``environment`` do not count against checks that ran and passed; see [Note: a strategy
+    that offers a subset]), else the worst of the rest."""
+    present = [Outcome(o) for o in outcomes]
+    against = [o for o in present if o.counts_against_clause]
+    if against:
+        return worst(against).value
+    if Outcome.PASSED in present:
+        return Outcome.PASSED.value
+    return worst(present).value
 
 
 def declared_unsupported(checks: Iterable[CheckResult], reasons: bool = True) -> list[str]:
@@ -306,7 +292,8 @@ def nonconforming(checks: Iterable[CheckResult], whole_space: bool = False) -> l
 
     [Note: a strategy that offers a subset] A strategy may implement part of the
     configuration space and raise ``Unsupported`` for the rest. By default it conforms when
-    every check it could run passed: a check whose every example it refused is
+    every check it could run passed (or failed as the expected-failures file lists: an
+    ``xfailed`` check ran, so it was offered): a check whose every example it refused is
     ``unsupported``, not a failure, and a clause with a passed check and unsupported ones is
     passed (the report lists the values it declared unsupported). A strategy that refused
     every check offered nothing to check, so it does not conform. With ``whole_space``
@@ -317,12 +304,23 @@ def nonconforming(checks: Iterable[CheckResult], whole_space: bool = False) -> l
         whole_space: whether the strategy must offer every configuration.
     """
     chosen = list(checks)
-    allowed = CONFORMING if whole_space else CONFORMING_OFFERED
-    bad = [c for c in chosen if c.outcome not in allowed]
-    refused = [c for c in chosen if c.outcome == "unsupported"]
-    if not whole_space and refused and not any(c.outcome == "passed" for c in chosen):
+    bad = [c for c in chosen if not Outcome(c.outcome).conforms(whole_space)]
+    refused = [c for c in chosen if c.outcome == Outcome.UNSUPPORTED]
+    if not whole_space and refused and not any(Outcome(c.outcome).offered for c in chosen):
         return refused  # it refused everything it was asked: nothing conformed
     return bad
+
+
+def _finding_outcome(hit: Sequence[CheckResult]) -> str:
+    """What a finding makes of a clause it breaks: ``desync`` or ``hang`` when its checks
+    were, ``xfailed`` when every one of them failed as the expected-failures file lists, else
+    ``failed``."""
+    kinds = {c.outcome for c in hit} & {DESYNC, HANG}
+    if kinds:
+        return min(kinds)
+    if all(c.outcome == Outcome.XFAILED for c in hit):
+        return Outcome.XFAILED.value
+    return Outcome.FAILED.value
 
 
 def clause_outcomes(
@@ -339,9 +337,10 @@ def clause_outcomes(
     Args:
         checks: the checks.
         findings: the run's findings.
-        family: only checks of this family (and those of none), when given.
+        family: only checks of this family, when given (a check of no one family says
+            nothing about one family: its examples may all have been of the other).
     """
-    chosen = [c for c in checks if family is None or c.family in ("", family)]
+    chosen = [c for c in checks if family is None or c.family == family]
     groups: dict[str, list[CheckResult]] = {}
     outcomes: dict[str, list[str]] = {}
     for check in chosen:
@@ -355,25 +354,40 @@ def clause_outcomes(
             hit = [c for c in hit if c.family == family]
         if not hit:
             continue
-        kinds = {c.outcome for c in hit} & {DESYNC, HANG}
         for clause in finding.clauses:
             groups.setdefault(clause, [])
             groups[clause] += [c for c in hit if c not in groups[clause]]
-            outcomes.setdefault(clause, []).append(min(kinds) if kinds else "failed")
+            outcomes.setdefault(clause, []).append(_finding_outcome(hit))
     return {
         clause: (offered_outcome(outcomes[clause]), members)
         for clause, members in sorted(groups.items())
     }
 
 
+def against(clause: str, members: Iterable[CheckResult]) -> list[CheckResult]:
+    """The checks of ``clause`` whose outcome counts against it
+    (:attr:`Outcome.counts_against_clause`), worst first, then in run order: the first is the
+    one that decided the clause's outcome."""
+    bad = [c for c in members if Outcome(c.clause_outcome(clause)).counts_against_clause]
+    return sorted(bad, key=lambda c: Outcome(c.clause_outcome(clause)).severity)
+
+
+def environment_note(clause: str, members: Iterable[CheckResult]) -> str:
+    """`` (N environment)`` when checks of ``clause`` need another environment, else ``""``:
+    a clause that passed says so beside its name."""
+    count = sum(c.clause_outcome(clause) == Outcome.ENVIRONMENT for c in members)
+    return f" ({count} environment)" if count else ""
+
+
 def clause_family_outcomes(
     checks: Sequence[CheckResult], findings: Sequence[FindingResult] = ()
 ) -> dict[str, dict[str, str]]:
     """``{clause: {family: outcome}}`` for the families the checks name (fsdp,
-    model_parallel); a check of no one family counts for each family the strategy offers. A
+    model_parallel): a family's outcome counts only the checks of that family (a check of no
+    one family, such as one that draws its family, counts in the clause's outcome only). A
     family whose every check the strategy declared unsupported is not offered: its column
-    is ``unsupported`` wherever it has checks, whatever the checks of no family did. A
-    clause none of whose checks names a family has no entry."""
+    is ``unsupported`` wherever it has checks. A clause none of whose checks names a family
+    has no entry."""
     families = sorted({c.family for c in checks if c.family})
     split = {cl for c in checks if c.family for cl in c.clauses}
     table: dict[str, dict[str, str]] = {}

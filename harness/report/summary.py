@@ -13,7 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from harness.report.markdown import coverage_line
-from harness.report.model import NO_CLAUSE, Report, clause_family_outcomes, clause_outcomes
+from harness.report.model import (
+    NO_CLAUSE,
+    Report,
+    against,
+    clause_family_outcomes,
+    clause_outcomes,
+    environment_note,
+)
 from harness.report.verdict import verdict
 
 __all__ = ["SUMMARY_LIMIT", "render_summary"]
@@ -112,7 +119,7 @@ def _clauses(report: Report, shown: int | None) -> list[str]:
     for clause, (outcome, members) in table.items():
         if outcome == "passed":
             continue
-        bad = [c for c in members if c.clause_outcome(clause) != "passed"]
+        bad = against(clause, members)
         split = ", ".join(f"{fam}={o}" for fam, o in by_family.get(clause, {}).items())
         first = _code(bad[0].id) if bad else "(a finding)"
         family = f" {split} |" if by_family else ""
@@ -121,11 +128,15 @@ def _clauses(report: Report, shown: int | None) -> list[str]:
         family_head, family_rule = (" by family |", "---|") if by_family else ("", "")
         lines += [
             "",
-            f"| clause | outcome |{family_head} checks not passed | first |",
+            f"| clause | outcome |{family_head} checks against it | first |",
             f"|---|---|{family_rule}---|---|",
             *_rows(rows, shown, "clauses"),
         ]
-    passed = [c for c, (outcome, _) in table.items() if outcome == "passed"]
+    passed = [
+        clause + environment_note(clause, members)
+        for clause, (outcome, members) in table.items()
+        if outcome == "passed"
+    ]
     if passed:
         listed = passed if shown is None else passed[: max(shown, 1)]
         more = f" ... and {len(passed) - len(listed)} more" if len(listed) < len(passed) else ""

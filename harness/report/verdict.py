@@ -1,9 +1,11 @@
 """The run's verdict in one word and one sentence, for ``summary.md`` and ``report.html``.
 
-``failed``: a check failed, desynced, hung, errored or was blocked, or a violation was recorded
+``failed``: a check failed, desynced, hung, errored or was blocked (the outcomes that
+:attr:`~harness.report.outcome.Outcome.fails_run`), or a violation was recorded
 after a check's property that the expected-failures file does not expect (the run exits 1 on
 each), or checks were unsupported where that does not conform (``nonconforming``: every
-check, or any under ``--require-whole-space``). ``incomplete``: none of that, but the run
+check, or any under ``--require-whole-space``; a check that failed as the expected-failures
+file lists ran, so it counts as offered). ``incomplete``: none of that, but the run
 stopped before some checks. ``passed``: every check that could run passed (or failed as
 expected); the sentence names what did not run.
 """
@@ -12,12 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.report.model import BLOCKED, DESYNC, HANG, NOT_RUN, Report, nonconforming
+from harness.report.model import NOT_RUN, Report, nonconforming
+from harness.report.outcome import Outcome
 
 __all__ = ["FAILING", "Verdict", "verdict"]
 
-#: outcomes that fail the run whatever the options
-FAILING = ("failed", DESYNC, HANG, "error", BLOCKED)
+#: outcomes that fail the run whatever the options (:attr:`Outcome.fails_run`), worst first
+FAILING = tuple(o.value for o in sorted(Outcome, key=lambda o: o.severity) if o.fails_run)
 
 
 @dataclass(frozen=True)

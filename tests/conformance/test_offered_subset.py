@@ -41,7 +41,11 @@ def test_unsupported_does_not_count_against_a_passed_check() -> None:
     assert offered_outcome(["passed", "unsupported"]) == "passed"
     assert offered_outcome(["unsupported"]) == "unsupported"
     assert offered_outcome(["passed", "unsupported", "failed"]) == "failed"
-    assert offered_outcome(["passed", "environment"]) == "environment"  # as before
+    # a check that needs another machine does not count against the ones that ran and passed
+    assert offered_outcome(["passed", "environment"]) == "passed"
+    assert offered_outcome(["environment", "unsupported"]) == "unsupported"
+    assert offered_outcome(["environment"]) == "environment"
+    assert offered_outcome(["passed", "environment", "xfailed"]) == "xfailed"
     assert clause_outcomes(FSDP_ONLY)["CKPT-RT-1"][0] == "passed"
 
 
@@ -71,7 +75,9 @@ def test_the_declared_values_are_listed_once_each() -> None:
     ]
 
 
-def test_a_refused_family_is_not_charged_with_checks_of_no_family() -> None:
+def test_no_family_is_charged_with_checks_of_no_family() -> None:
+    """A check of no one family (its examples may all have been of one family) fails the
+    clause, not a family's column: neither the refused family nor the one that passed."""
     checks = [*FSDP_ONLY, check("teardown", "failed", "", finding="F1")]
     finding = FindingResult(
         id="F1",
@@ -85,7 +91,12 @@ def test_a_refused_family_is_not_charged_with_checks_of_no_family() -> None:
         found_after_s=1.0,
     )
     by_family = clause_family_outcomes(checks, [finding])
-    assert by_family["CKPT-RT-1"] == {"fsdp": "failed", "model_parallel": "unsupported"}
+    assert by_family["CKPT-RT-1"] == {"fsdp": "passed", "model_parallel": "unsupported"}
+    assert clause_outcomes(checks, [finding])["CKPT-RT-1"][0] == "failed"
+    # a failure of the family's own check still reads in its column
+    own = [*FSDP_ONLY, check("rt[fsdp-2]", "failed", "fsdp", finding="F1")]
+    finding.checks = ["rt[fsdp-2]"]
+    assert clause_family_outcomes(own, [finding])["CKPT-RT-1"]["fsdp"] == "failed"
 
 
 def _report(checks: list[CheckResult], **run: object) -> Report:

@@ -19,6 +19,7 @@ import importlib
 import json
 import multiprocessing
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -32,6 +33,7 @@ import torch.distributed as dist
 
 import harness.api as api
 from harness.api import pool_for, run_on_ranks
+from harness.conformance.provenance import commit, machine
 from harness.pool.transports.pipes import forkserver_context
 from harness.rank.context import RankContext
 from harness.rank.warmup import tiny_fsdp2_step
@@ -269,7 +271,13 @@ def main(argv: list[str] | None = None) -> int:
         api.shutdown(final=True)
     print(f"shardcheck pool benchmark (torch {torch.__version__}, {os.cpu_count()} CPUs, gloo)")
     print(report_attached(figures) if attach is not None else report(figures))
-    if args.json:
+    if args.json:  # with where the figures came from, for ci/results.py
+        figures["run"] = {
+            "command": shlex.join(["python", "-m", "harness.bench", *sys.argv[1:]]),
+            "torch": torch.__version__,
+            "commit": commit(),
+            "machine": machine(),
+        }
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=2)
     return 0

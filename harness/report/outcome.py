@@ -30,13 +30,17 @@ outcome                 fails the   joins a        counts against   conforms und
 from __future__ import annotations
 
 from collections.abc import Iterable
-from enum import StrEnum
+from enum import Enum
 
 __all__ = ["Outcome", "worst"]
 
 
-class Outcome(StrEnum):
-    """One check's outcome; its value is the word the reports print."""
+class Outcome(str, Enum):
+    """One check's outcome; its value is the word the reports print (and compares equal to
+    that string, so ``check.outcome == Outcome.DESYNC`` works on the report's strings)."""
+
+    def __str__(self) -> str:
+        return self.value
 
     PASSED = "passed"
     FAILED = "failed"

@@ -1,0 +1,226 @@
+"""Write docs/results.md: every measured figure the project quotes, each with the command,
+machine, torch and commit that produced it.
+
+The figures come from files runs wrote, never from hand-typed numbers:
+
+- conformance runs: the ``report.json`` a ``--conformance-report DIR`` run wrote (its ``run``
+  section holds the command, shardcheck's commit and the machine; ``environment`` the torch);
+- the pool benchmark: the file ``python -m harness.bench --json FILE`` wrote.
+
+Usage (from the repository root)::
+
+    python ci/results.py reference=reports/reference --bench pool=bench.json
+    python ci/results.py reports/reference lightning=reports/field-lightning --out docs/results.md
+
+Each positional argument is ``[LABEL=]REPORT_DIR`` (the label defaults to the directory's
+name); ``--bench [LABEL=]FILE`` may be repeated. Facts a file does not hold (a report written
+before they were recorded) read ``not recorded``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "docs" / "results.md"
+UNKNOWN = "not recorded"
+#: the benchmark's figures worth a row: key, what it is, unit
+BENCH_ROWS = (
+    ("pool_start_cold_s", "pool start, 4 ranks, cold (forkserver + join + warm-up)", "s"),
+    ("respawn_s", "respawn after a kill, 4 ranks", "s"),
+    ("empty_job_ms_ws1", "empty job round trip, world size 1 (median)", "ms"),
+    ("empty_job_ms_ws2", "empty job round trip, world size 2 (median)", "ms"),
+    ("empty_job_ms_ws4", "empty job round trip, world size 4 (median)", "ms"),
+    ("fsdp_overhead_ms", "tiny FSDP2 job: pool overhead over in-rank time (median)", "ms"),
+    ("spawn_ratio", "tiny FSDP2 job: spawning 4 processes / through the pool", "x"),
+    ("rss_growth_mb", "RSS growth per rank over the soak runs (max)", "MB"),
+)
+
+
+@dataclass(frozen=True)
+class Source:
+    """One input: its label and its path."""
+
+    label: str
+    path: Path
+
+
+def parse_source(text: str) -> Source:
+    """``LABEL=PATH`` or ``PATH`` (labelled by the path's name)."""
+    label, sep, path = text.partition("=")
+    if not sep:
+        label, path = Path(text).name or text, text
+    if not label or not path:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not LABEL=PATH or PATH; e.g. reference=reports/reference"
+        )
+    return Source(label, Path(path))
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SystemExit(f"error: {what} {str(path)!r} does not exist; {_HINTS[what]}") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SystemExit(f"error: {what} {str(path)!r} is not readable JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise SystemExit(f"error: {what} {str(path)!r} holds no JSON object")
+    return data
+
+
+_HINTS = {
+    "report": "pass a directory a --conformance-report DIR run wrote (it holds report.json)",
+    "benchmark": "pass the file python -m harness.bench --json FILE wrote",
+}
+
+
+def _cell(value: Any) -> str:
+    text = UNKNOWN if value in (None, "") else str(value)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _machine(facts: dict[str, Any], device: str | None = None) -> str:
+    machine = facts.get("machine")
+    if not isinstance(machine, dict):
+        return UNKNOWN
+    text = (
+        f"{machine.get('cpus', '?')} CPUs ({machine.get('cpu', '?')}, {machine.get('arch', '?')})"
+    )
+    return f"{text}, {device}" if device else text
+
+
+def _commit(facts: dict[str, Any]) -> str:
+    value = facts.get("commit")
+    if not value:
+        return UNKNOWN
+    head, _, dirty = str(value).partition("+")
+    return f"`{head[:12]}`" + (" with uncommitted changes" if dirty else "")
+
+
+def _clause_outcomes(path: Path) -> dict[str, str]:
+    """Each clause's outcome from the report's checks, by the rules of the shardcheck in use
+    (a report written by an older one may have recorded others)."""
+    from harness.report import NO_CLAUSE, ReportError, clause_outcomes, load_report
+
+    try:
+        report = load_report(path)
+    except ReportError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    table = clause_outcomes(report.checks, report.findings)
+    return {clause: outcome for clause, (outcome, _) in table.items() if clause != NO_CLAUSE}
+
+
+def report_section(source: Source) -> list[str]:
+    """The lines for one conformance run."""
+    data = _read_json(source.path / "report.json", "report")
+    run, env = data.get("run", {}), data.get("environment", {})
+    counts = data.get("counts", {})
+    outcomes = ", ".join(f"{n} {o}" for o, n in counts.items() if n) or "no checks"
+    clauses = _clause_outcomes(source.path / "report.json")
+    passed = sum(outcome == "passed" for outcome in clauses.values())
+    wall = run.get("wall_time_s")
+    rows = [
+        ("command", f"`{run['command']}`" if run.get("command") else UNKNOWN),
+        ("strategy", f"`{data.get('strategy', {}).get('factory', UNKNOWN)}`"),
+        ("checks", f"{outcomes} ({sum(counts.values())} checks)"),
+        ("clauses passed", f"{passed} of {len(clauses)} (by this shardcheck's rules)"),
+        ("findings", len(data.get("findings", []))),
+        ("wall time", f"{wall} s" if wall is not None else UNKNOWN),
+        ("restarts of the ranks", len(run.get("heals", []))),
+        ("Hypothesis profile", run.get("hypothesis_profile")),
+        ("torch", env.get("torch")),
+        ("backend", env.get("backend")),
+        ("machine", _machine(run, env.get("device"))),
+        ("commit", _commit(run)),
+        ("started (UTC)", run.get("started_at")),
+        ("report", f"`{source.path}`"),
+    ]
+    return [
+        f"### {source.label}",
+        "",
+        "| | |",
+        "|---|---|",
+        *(f"| {name} | {_cell(value)} |" for name, value in rows),
+        "",
+    ]
+
+
+def bench_section(source: Source) -> list[str]:
+    """The lines for one benchmark run."""
+    figures = _read_json(source.path, "benchmark")
+    run = figures.get("run", {})
+    lines = [
+        f"### {source.label}",
+        "",
+        f"Command `{run.get('command', UNKNOWN)}`; torch {_cell(run.get('torch'))}; machine "
+        f"{_machine(run)}; commit {_commit(run)}.",
+        "",
+        "| figure | value |",
+        "|---|---|",
+    ]
+    for key, what, unit in BENCH_ROWS:
+        if key in figures:
+            lines.append(f"| {what} | {figures[key]:.3g} {unit} |")
+    return [*lines, ""]
+
+
+def render(reports: Sequence[Source], benches: Sequence[Source]) -> str:
+    """docs/results.md for these inputs."""
+    inputs = " ".join(f"{s.label}={s.path}" for s in reports)
+    inputs += "".join(f" --bench {s.label}={s.path}" for s in benches)
+    lines = [
+        "# Measured results",
+        "",
+        "Written by `ci/results.py` from the files the runs below wrote; do not edit by hand,",
+        "rerun it:",
+        "",
+        "```bash",
+        f"python ci/results.py {inputs.strip()}",
+        "```",
+        "",
+        "Each figure names the command that produced it, the machine, torch and shardcheck's",
+        "commit. Times on a shared or small machine vary from run to run: read them as orders",
+        "of magnitude, not promises.",
+        "",
+    ]
+    if reports:
+        lines += ["## Conformance runs", ""]
+        for source in reports:
+            lines += report_section(source)
+    if benches:
+        lines += ["## Pool benchmark", ""]
+        for source in benches:
+            lines += bench_section(source)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="python ci/results.py",
+        description="Write docs/results.md from conformance reports and benchmark output.",
+    )
+    parser.add_argument(
+        "reports", nargs="*", type=parse_source, help="[LABEL=]DIR holding a report.json"
+    )
+    parser.add_argument(
+        "--bench", action="append", default=[], type=parse_source, help="[LABEL=]FILE"
+    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="default docs/results.md")
+    args = parser.parse_args(argv)
+    if not args.reports and not args.bench:
+        parser.error("pass at least one report directory or --bench file")
+    args.out.write_text(render(args.reports, args.bench))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

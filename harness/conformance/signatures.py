@@ -14,6 +14,7 @@ clause.
 from __future__ import annotations
 
 import re
+import sysconfig
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -21,13 +22,20 @@ from pathlib import Path
 from types import TracebackType
 
 from harness.conformance.crash_site import OWN_DIRS, clause_at_crash, crashed_inside
-from harness.verdicts.attribution import LateViolation, clause_of, looked_through
+from harness.verdicts.attribution import (
+    ROUND_TRIP_CLAUSES,
+    TRAINING_METHODS,
+    LateViolation,
+    clause_of,
+    looked_through,
+)
 from harness.verdicts.outcomes import RankFailure
 
 __all__ = [
     "Attribution",
     "attribute",
     "difference",
+    "headline",
     "is_failure",
     "late_attribution",
     "mask",
@@ -42,6 +50,10 @@ _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fun
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _MASKS = (
     (re.compile(r"0x[0-9a-fA-F]+"), "0x?"),
+    # random parts of names: one leftover file is one finding whichever name it drew
+    (re.compile(r"\b[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}\b"), "UUID"),
+    (re.compile(r"(?<=[-_.])(?:[0-9a-f]{8}|[0-9a-f]{32}|(?=[0-9a-f]*\d)[0-9a-f]{6,})\b"), "HEX"),
+    (re.compile(r"\btmp[a-z0-9_]{8}\b"), "TMPDIR"),
     # a device mesh's printed shape and names: "meshes differ" is one error whichever meshes
     (re.compile(r"DeviceMesh\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\)"), "MESH"),
     (re.compile(r"(?:/[\w.@+-]+){2,}/?"), "PATH"),
@@ -53,6 +65,7 @@ _MASKS = (
     (re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?!\w)"), "N"),
 )
 _KEY_CHARS = 160
+_STDLIB = sysconfig.get_paths()["stdlib"]
 #: a desync verdict's line for one rank's collective (harness.verdicts.failures)
 _ENTERED = re.compile(r"entered \w+\b.*? at (?P<file>/\S+):(?P<line>\d+) in (?P<func>\S+)")
 #: the first line of a suite's report of a rank's exception: ``rank 0: ValueError: ...``
@@ -94,6 +107,9 @@ class Attribution:
         difference: for a suite's assertion that a nested value differs, that difference
             alone (``optimizer['state'][…]: N of N elements differ from what was saved``):
             the same wrong value whichever check, family, format or rank met it.
+        method: the strategy method a suite called that the exception came out of
+            (``load_checkpoint``), or ``""``: an untagged failure is that method's clause's
+            (:func:`harness.verdicts.attribution.method_clause`).
     """
 
     clause: str
@@ -104,6 +120,7 @@ class Attribution:
     message: str
     through: tuple[str, ...] = ()
     difference: str = ""
+    method: str = ""
 
     @property
     def place(self) -> str:
@@ -245,11 +262,104 @@ def attribute(exc: BaseException, own: Sequence[str] = ()) -> Attribution:
 
 def _attribute_one(exc: BaseException) -> Attribution:
     attribution = _attribute_plain(exc)
-    through = looked_through(exc)
+    through = looked_through(exc) or attribution.through
     found = difference(attribution.message) if attribution.kind == "assertion" else ""
-    return (
-        replace(attribution, through=through, difference=found) if through or found else attribution
+    return replace(
+        attribution, through=through, difference=found, message=headline(attribution.message)
     )
+
+
+#: the words of a suite's message that say where a value was seen, not what is wrong
+_CONTEXT = re.compile(r"^(?:load )?rank \d+\b|\bworld size \d+")
+#: one comma-separated piece of those words: ``rank 0``, ``saved at ...``, ``strict=True``
+_CONTEXT_PIECE = re.compile(r"^(?:(?:load )?rank \d+|.*\bworld size \d+.*|\w+=\S+)$")
+
+
+def headline(first_line: str) -> str:
+    """A suite's one-line message with the telling part first: ``CLAUSE: what is wrong
+    (where it was seen)`` for a message that says where before what (``CKPT-STRICT-1: rank 0,
+    saved at world size 2 (...), strict=True: nothing was raised``); other lines as they are.
+    A trailing bare colon (an empty exception message quoted) says so."""
+    line = first_line.rstrip()
+    if line.endswith(":"):
+        line = f"{line} (empty message)"
+    clause_id = named_clause(line)
+    if not clause_id:
+        return line
+    body = line.split(f"{clause_id}: ", 1)[1]
+    parts = _split_top(body, ": ")
+    if len(parts) < 2 or not _CONTEXT.search(parts[0]):
+        return line
+    context = _split_top(parts[0], ", ")
+    what = parts[1:]
+    while len(context) > 1 and not _CONTEXT_PIECE.search(context[-1]):
+        what.insert(0, context.pop())  # "..., strict=True, unexpected model keys: ..."
+    return f"{clause_id}: {': '.join(what)} ({', '.join(context)})"
+
+
+def _split_top(text: str, separator: str) -> list[str]:
+    """``text`` split at each ``separator`` (``": "`` or ``", "``) outside brackets and
+    quotes."""
+    parts, depth, start, quote = [], 0, 0, ""
+    for i, char in enumerate(text):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth = max(0, depth - 1)
+        elif depth == 0 and text.startswith(separator, i):
+            parts.append(text[start:i])
+            start = i + 2
+    return [*parts, text[start:]]
+
+
+#: a suite's rank job that loads a checkpoint: what trains after it trains on the load
+_LOADING_JOB = re.compile(r"load|round_trip|resume|reshard")
+
+
+def _with_method(attribution: Attribution, traceback_text: str) -> Attribution:
+    """``attribution`` with the strategy method the exception came out of; a training step
+    in a job that loaded a checkpoint looks through the round trip ([Note: looking
+    through]): a known load finding explains it."""
+    if attribution.kind != "raised":
+        return attribution
+    frames = [(m["file"], m["func"]) for m in _FRAME.finditer(traceback_text)]
+    suite = [i for i, (file, _) in enumerate(frames) if file.startswith(OWN_DIRS[-1])]
+    if not suite:
+        return attribution
+    called = [func for file, func in frames[suite[-1] + 1 :] if not _own(file)]
+    method = called[0] if called else ""
+    loads = any(_LOADING_JOB.search(frames[i][1]) for i in suite)
+    through = ROUND_TRIP_CLAUSES if method in TRAINING_METHODS and loads else ()
+    return replace(attribution, method=method, through=through or attribution.through)
+
+
+def _no_message(type_name: str, traceback_text: str, where: str) -> str:
+    """The headline of an exception raised with an empty message: its type, the strategy's
+    own frame it came through, and where it was raised."""
+    short = type_name.rsplit(".", 1)[-1]
+    own = _strategy_frame(traceback_text)
+    if own and own != where:
+        return f"{short} with an empty message in {own} (raised in {where})"
+    return f"{short} with an empty message, raised in {where or 'an unknown place'}"
+
+
+def _strategy_frame(text: str) -> str:
+    """The innermost frame of the strategy's own code in a formatted traceback: neither
+    shardcheck's nor an installed library's nor Python's; ``""`` when there is none."""
+    frames = [(m["file"], m["line"], m["func"]) for m in _FRAME.finditer(text)]
+    mine = [f for f in frames if not _own(f[0]) and not _installed(f[0])]
+    if not mine:
+        return ""
+    file, line, func = mine[-1]
+    return f"{_short_path(file)}:{line} {func}"
+
+
+def _installed(path: str) -> bool:
+    return "site-packages" in path or "dist-packages" in path or path.startswith(_STDLIB)
 
 
 def _attribute_plain(exc: BaseException) -> Attribution:
@@ -268,7 +378,11 @@ def _attribute_plain(exc: BaseException) -> Attribution:
         if outside_text:
             type_name, text = quoted.group(1), quoted.group(2)
             return Attribution(clause, "raised", type_name, mask(text), in_text, text.strip())
-    return Attribution(clause, kind, _type_name(type(exc)), mask(message), where, _first(message))
+    type_name = _type_name(type(exc))
+    text = _tb_text(exc.__traceback__)
+    first = _first(message) or _no_message(type_name, text, where)
+    attribution = Attribution(clause, kind, type_name, mask(message), where, first)
+    return _with_method(attribution, text)
 
 
 def _first(message: str) -> str:
@@ -289,9 +403,9 @@ def _rank_attribution(failure: RankFailure, clause: str) -> Attribution:
             where, outside = _collective_site(str(failure)) or (where, outside)
         clause = clause or named_clause(error.message)
         kind = "raised" if outside else "assertion"
-        return Attribution(
-            clause, kind, error.type_name, mask(error.message), where, _first(error.message)
-        )
+        line = _first(error.message) or _no_message(error.type_name, error.traceback, where)
+        attribution = Attribution(clause, kind, error.type_name, mask(error.message), where, line)
+        return _with_method(attribution, error.traceback)
     if first.kind == "crashed":
         what = f"exit code {first.exitcode}"
         clause = clause or clause_at_crash(first.stacks)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 
 import pytest
 
@@ -19,9 +20,9 @@ from harness.conformance.checks import Check
 from harness.conformance.economy import SHRINK_SECONDS, ShrinkPolicy, attributed_clauses
 from harness.conformance.examples import finding_example
 from harness.conformance.findings import Finding, Findings
-from harness.conformance.signatures import attribute, late_attribution
+from harness.conformance.signatures import Attribution, attribute, late_attribution
 from harness.report import CheckResult, FindingResult
-from harness.verdicts.attribution import LateViolation
+from harness.verdicts.attribution import TRAINING_METHODS, LateViolation, method_clause
 
 __all__ = ["LATE_PREFIX", "SAME_FINDING_STOP", "Triage", "shrink_budget"]
 
@@ -71,8 +72,16 @@ class Triage:
     def attribute(self, check: Check, exc: BaseException) -> Finding:
         """Give the check's failure its clause(s) and its finding."""
         attribution = self.findings.resolve(attribute(exc, check.clauses))
+        if not attribution.clause and not self._known(attribution, check):
+            # raised inside a strategy method: that method's clause, not all the check's
+            attribution = replace(
+                attribution, clause=method_clause(attribution.method, check.clauses)
+            )
         clauses, blocked_by = attributed_clauses(check.clauses, attribution)
-        explained = self.findings.explaining(attribution) if not blocked_by else None
+        # a training step of a job that loaded a checkpoint ran on what the load left: a
+        # known load finding explains it even when the step's own clause tagged it
+        after_load = attribution.method in TRAINING_METHODS
+        explained = self.findings.explaining(attribution) if not blocked_by or after_load else None
         if explained is not None:
             # met looking through a method a finding already explains: blocked by it
             finding = explained
@@ -86,6 +95,13 @@ class Triage:
         if finding.first_check != check.id:
             check.found_in = finding.first_check
         return finding
+
+    def _known(self, attribution: Attribution, check: Check) -> bool:
+        """Whether a finding already explains or matches this untagged failure."""
+        return (
+            self.findings.explaining(attribution) is not None
+            or self.findings.match(attribution, check.clauses) is not None
+        )
 
     def known_finding_line(self, check: Check) -> str:
         """For a failure an earlier check's finding already explains, the one line that

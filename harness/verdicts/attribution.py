@@ -49,12 +49,15 @@ from dataclasses import dataclass
 from harness.contract import Unsupported
 
 __all__ = [
+    "ROUND_TRIP_CLAUSES",
+    "TRAINING_METHODS",
     "LateViolation",
     "clause",
     "clause_of",
     "last_looked_failure",
     "looked_through",
     "looking",
+    "method_clause",
     "tag",
     "take_late_violations",
 ]
@@ -180,6 +183,48 @@ def looked_through(exc: BaseException) -> tuple[str, ...]:
     """The clauses whose methods ``exc`` was raised looking through, or ``()``."""
     value = getattr(exc, _THROUGH, ())
     return value if isinstance(value, tuple) else ()
+
+
+#: every round-trip clause: a failure in a training step of a job that loaded a checkpoint
+#: looks through them (the step ran on what the load left)
+ROUND_TRIP_CLAUSES = ("CKPT-RT-1", "CKPT-RT-2", "CKPT-RT-3", "CKPT-RT-4", "CKPT-RT-5", "CKPT-RT-6")
+_CHECKPOINT = (*ROUND_TRIP_CLAUSES, "CKPT-SAVE-6", "CKPT-SAVE-7", "CKPT-LOAD-1", "CKPT-LOAD-2")
+#: the strategy methods that train (run a step on the objects a check holds)
+TRAINING_METHODS = frozenset({"backward", "optimizer_step", "clip_gradients_norm", "forward"})
+#: a strategy method -> the clauses that say what it does, most telling first
+_METHOD_CLAUSES: dict[str, tuple[str, ...]] = {
+    "save_checkpoint": _CHECKPOINT,
+    "load_checkpoint": _CHECKPOINT,
+    "setup_environment": ("API-1", "MP-1"),
+    "module_init_context": ("API-3", "INIT-1"),
+    "setup_module": ("API-2",),
+    "setup_optimizer": ("API-2",),
+    "setup_module_and_optimizers": ("API-2",),
+    "backward": ("API-4", "TRAIN-1"),
+    "optimizer_step": ("API-4", "TRAIN-1"),
+    "forward": ("API-4", "TRAIN-1"),
+    "clip_gradients_norm": ("CLIP-1",),
+    "no_backward_sync": ("SYNC-1", "MP-4"),
+    "all_reduce": ("API-5",),
+    "broadcast": ("API-5",),
+    "barrier": ("API-5",),
+    "teardown": ("API-8",),
+}
+
+
+def method_clause(method: str, check_clauses: list[str]) -> str:
+    """The clause an untagged exception raised inside the strategy's ``method`` breaks, for
+    a check declaring ``check_clauses``: the method's most telling clause the check declares
+    (a checkpoint method: else the check's first ``CKPT-*`` clause), else the method's own
+    first clause (the check is then blocked by it); ``""`` for a method the contract does
+    not name."""
+    known = _METHOD_CLAUSES.get(method, ())
+    declared = [c for c in known if c in check_clauses]
+    if declared:
+        return declared[0]
+    if known is _CHECKPOINT:
+        return next((c for c in check_clauses if c.startswith("CKPT-")), known[0])
+    return known[0] if known else ""
 
 
 def take_late_violations() -> tuple[LateViolation, ...]:

@@ -1,0 +1,124 @@
+"""Findings of strategies written outside this project: an exception raised inside a
+strategy method is that method's clause's, a training step on what a broken load left is
+blocked by the load's finding, headlines are never empty and lead with what is wrong, and
+random parts of names do not split a finding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.conformance.checks import Check
+from harness.conformance.signatures import attribute, headline, mask
+from harness.conformance.triage import Triage
+from harness.verdicts.attribution import method_clause
+from harness.verdicts.outcomes import Outcome, RankFailure, RemoteError
+
+ROOT = Path(__file__).resolve().parents[2]
+SUITE = f"{ROOT}/suites/lib/ranks/checkpoint_jobs.py"
+TORCH = "/venv/lib/python3.11/site-packages/torch"
+MINE = "/src/team/my_strategy.py"
+
+#: the clauses of a configuration-cover check (test_whole_configuration_space)
+WHOLE_SPACE = ["CKPT-BUF-1", "CKPT-LOAD-2", "CKPT-RT-1", "CKPT-RT-5", "CLIP-1", "TRAIN-1"]
+
+
+def _traceback(job: str, *frames: tuple[str, int, str]) -> str:
+    lines = ["Traceback (most recent call last):"]
+    lines.append(f'  File "{SUITE}", line 281, in {job}')
+    lines += [f'  File "{file}", line {line}, in {func}' for file, line, func in frames]
+    return "\n".join(lines) + "\n"
+
+
+def _failure(type_name: str, message: str, text: str, clause: str = "") -> RankFailure:
+    error = RemoteError(type_name, message, text, clause=clause)
+    outcomes = [Outcome(0, "raised", error=error), Outcome(1, "raised", error=error)]
+    return RankFailure("job 3: rank 0 raised, rank 1 raised", outcomes)
+
+
+def _check(check_id: str, clauses: list[str]) -> Check:
+    return Check(id=check_id, nodeid=check_id, clauses=list(clauses))
+
+
+BARE_ASSERT = _traceback(
+    "round_trip_rank",
+    (MINE, 377, "load_checkpoint"),
+    (MINE, 412, "_load_optimizers"),
+    (f"{TORCH}/distributed/tensor/placement_types.py", 993, "_shard_tensor"),
+)
+
+
+def test_an_untagged_error_inside_load_checkpoint_is_the_round_trips_not_every_clause() -> None:
+    triage = Triage({})
+    check = _check("test_whole_space[a]", WHOLE_SPACE)
+    finding = triage.attribute(check, _failure("AssertionError", "", BARE_ASSERT))
+    assert finding.clauses == ["CKPT-RT-1"]
+    assert check.failed_clauses == ["CKPT-RT-1"] and check.blocked_by == ""
+
+
+def test_an_empty_message_names_the_type_and_the_strategys_own_frame() -> None:
+    attribution = attribute(_failure("AssertionError", "", BARE_ASSERT))
+    assert attribution.message == (
+        "AssertionError with an empty message in /src/team/my_strategy.py:412 _load_optimizers "
+        "(raised in torch/distributed/tensor/placement_types.py:993 _shard_tensor)"
+    )
+    assert attribution.method == "load_checkpoint"
+
+
+def test_a_training_step_on_what_a_broken_load_left_is_blocked_by_the_loads_finding() -> None:
+    triage = Triage({})
+    load_bug = triage.attribute(
+        _check("test_roundtrip[full]", ["CKPT-RT-1", "CKPT-LOAD-2"]),
+        _failure("AssertionError", "", BARE_ASSERT),
+    )
+    step = _traceback(
+        "resume_rank",
+        (MINE, 170, "optimizer_step"),
+        (f"{TORCH}/optim/adam.py", 456, "_single_tensor_adam"),
+    )
+    resumed = _check("test_resume[full]", ["CKPT-RT-5"])
+    shape_error = "The size of tensor a (4) must match the size of tensor b (1)"
+    finding = triage.attribute(resumed, _failure("RuntimeError", shape_error, step, "API-4"))
+    assert finding is load_bug and load_bug.clauses == ["CKPT-RT-1"]
+    assert resumed.blocked_by == "CKPT-RT-1"
+
+
+def test_a_training_step_that_fails_without_a_load_is_its_own_finding() -> None:
+    triage = Triage({})
+    step = _traceback(
+        "train_rank",
+        (MINE, 170, "optimizer_step"),
+        (f"{TORCH}/optim/adam.py", 456, "_single_tensor_adam"),
+    )
+    check = _check("test_training[a]", ["TRAIN-1", "SYNC-1"])
+    finding = triage.attribute(check, _failure("RuntimeError", "bad step", step))
+    assert finding.clauses == ["TRAIN-1"] and check.blocked_by == ""
+
+
+def test_the_method_decides_the_clause_among_those_the_check_declares() -> None:
+    assert method_clause("load_checkpoint", ["MP-3", "CKPT-RT-3"]) == "CKPT-RT-3"
+    assert method_clause("save_checkpoint", ["CKPT-SAVE-3", "MP-3"]) == "CKPT-SAVE-3"
+    assert method_clause("optimizer_step", ["CKPT-RT-5"]) == "API-4"  # blocks the check
+    assert method_clause("clip_gradients_norm", WHOLE_SPACE) == "CLIP-1"
+    assert method_clause("_a_private_helper", WHOLE_SPACE) == ""
+
+
+def test_headlines_lead_with_what_is_wrong() -> None:
+    where = "rank 0, saved at world size 2 (model_parallel, sharded), loaded at world size 2"
+    assert headline(f"CKPT-STRICT-1: {where}, strict=True, unexpected model keys: none") == (
+        f"CKPT-STRICT-1: unexpected model keys: none ({where}, strict=True)"
+    )
+    assert headline("CKPT-STRICT-2: rank 1, strict=False: missing keys raised KeyError:") == (
+        "CKPT-STRICT-2: missing keys raised KeyError: (empty message) (rank 1, strict=False)"
+    )
+    plain = "the total gradient norm of order 2.0 is nan"
+    assert headline(plain) == plain
+
+
+def test_random_parts_of_names_are_masked_in_finding_keys() -> None:
+    first = mask("the directory held ['ckpt'] before, ['ckpt', 'ckpt.tmp-ff6bde41'] after")
+    second = mask("the directory held ['ckpt'] before, ['ckpt', 'ckpt.tmp-78f62be4'] after")
+    assert first == second and "ckpt.tmp-HEX" in first
+    assert mask("left tmpab3k_x9q and 123e4567-e89b-12d3-a456-426614174000") == (
+        "left TMPDIR and UUID"
+    )
+    assert mask("blocks.0.attn.wq.weight.decade") == "blocks.0.attn.wq.weight.decade"

@@ -77,6 +77,7 @@ class Triage:
             attribution = replace(
                 attribution, clause=method_clause(attribution.method, check.clauses)
             )
+        attribution = self._after_load(attribution, check)
         clauses, blocked_by = attributed_clauses(check.clauses, attribution)
         # a training step of a job that loaded a checkpoint ran on what the load left: a
         # known load finding explains it even when the step's own clause tagged it
@@ -95,6 +96,17 @@ class Triage:
         if finding.first_check != check.id:
             check.found_in = finding.first_check
         return finding
+
+    def _after_load(self, attribution: Attribution, check: Check) -> Attribution:
+        """A training step that failed in a job that loaded a checkpoint, with no finding
+        to explain it yet, is the round trip's the check declares: the step ran on what the
+        load left (a step that breaks without a load is found by the training checks)."""
+        if attribution.method not in TRAINING_METHODS or not attribution.through:
+            return attribution
+        if self.findings.explaining(attribution) is not None:
+            return attribution
+        loaded = next((c for c in attribution.through if c in check.clauses), "")
+        return replace(attribution, clause=loaded) if loaded else attribution
 
     def _known(self, attribution: Attribution, check: Check) -> bool:
         """Whether a finding already explains or matches this untagged failure."""

@@ -122,3 +122,25 @@ def test_random_parts_of_names_are_masked_in_finding_keys() -> None:
         "left TMPDIR and UUID"
     )
     assert mask("blocks.0.attn.wq.weight.decade") == "blocks.0.attn.wq.weight.decade"
+
+
+def test_a_training_step_after_a_load_nobody_found_broken_is_the_round_trips() -> None:
+    triage = Triage({})
+    step = _traceback(
+        "round_trip_rank",
+        (MINE, 170, "optimizer_step"),
+        (f"{TORCH}/optim/adam.py", 456, "_single_tensor_adam"),
+    )
+    mixed = "aten.lerp_.Scalar got mixed torch.Tensor and DTensor"
+    first = _check("test_roundtrip[full]", ["CKPT-LOAD-2", "CKPT-RT-1", "MP-3"])
+    finding = triage.attribute(first, _failure("RuntimeError", mixed, step, "API-4"))
+    assert finding.clauses == ["CKPT-RT-1"] and first.blocked_by == ""
+    sgd = _traceback(
+        "round_trip_rank",
+        (MINE, 170, "optimizer_step"),
+        (f"{TORCH}/optim/sgd.py", 364, "_single_tensor_sgd"),
+    )
+    again = _check("test_whole_space[sgd]", WHOLE_SPACE)
+    added = "aten.add_.Tensor got mixed torch.Tensor and DTensor"
+    assert triage.attribute(again, _failure("RuntimeError", added, sgd, "API-4")) is finding
+    assert again.blocked_by == "CKPT-RT-1"

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = ROOT / "docs" / "results.md"
+DEFAULT_OUT = ROOT / "docs/results.md"
 UNKNOWN = "not recorded"
 #: the benchmark's figures worth a row: key, what it is, unit
 BENCH_ROWS = (

@@ -343,7 +343,7 @@ def _entry(module: str) -> str:
 
 
 def test_harness_entries_import_downward_only() -> None:
-    """``harness/`` is laid out by role (README, "Architecture"): its top-level entries import
+    """``harness/`` is laid out by role (docs/architecture.md): its top-level entries import
     one another without a cycle, so each stands above everything it imports."""
     entries: dict[str, set[str]] = {}
     for module, targets in _graph(_modules()).items():

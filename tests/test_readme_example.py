@@ -21,14 +21,15 @@ from harness import StrategySpec, Unsupported
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "my_strategies.py"
+MODEL_PARALLEL_EXAMPLE = ROOT / "examples" / "my_model_parallel.py"
 ACCEPTED = {"passed", "unsupported", "environment"}
 #: both plugins by module name, whether or not their entry points are installed
 PLUGINS = ["-p", "no:shardcheck", "-p", "harness.plugin"]
 PLUGINS += ["-p", "no:shardcheck_conformance", "-p", "harness.conformance"]
 
 
-def _example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("my_strategies", EXAMPLE)
+def _example(path: Path = EXAMPLE) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -41,11 +42,29 @@ def _spec(**fields: Any) -> StrategySpec:
     )
 
 
-def test_the_readme_shows_the_example_file_verbatim() -> None:
+@pytest.mark.parametrize("example", [EXAMPLE, MODEL_PARALLEL_EXAMPLE], ids=lambda p: p.stem)
+def test_the_readme_shows_the_example_file_verbatim(example: Path) -> None:
     blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL)
-    assert EXAMPLE.read_text() in blocks, (
-        "README.md's complete factory must be examples/my_strategies.py, verbatim"
+    assert example.read_text() in blocks, (
+        f"README.md's factory of this family must be examples/{example.name}, verbatim"
     )
+
+
+def test_the_model_parallel_example_hands_over_the_suites_parallelize_fn() -> None:
+    make_strategy = _example(MODEL_PARALLEL_EXAMPLE).make_strategy
+
+    def parallelize(module: torch.nn.Module, mesh: Any) -> torch.nn.Module:
+        return module
+
+    spec = _spec(family="model_parallel", parallelize_fn=parallelize, data_parallel_size=2,
+                 tensor_parallel_size=1)  # fmt: skip
+    strategy = make_strategy(spec)
+    assert strategy._parallelize_fn is parallelize  # handed over as it came
+    with pytest.raises(ValueError, match=r"state_dict_type='full' is not an option"):  # CFG-10
+        make_strategy(_spec(family="model_parallel", parallelize_fn=parallelize,
+                            state_dict_type="full"))  # fmt: skip
+    with pytest.raises(Unsupported, match=r"family=fsdp"):
+        make_strategy(_spec())
 
 
 def test_the_example_builds_fsdp_and_refuses_what_it_cannot_honour() -> None:

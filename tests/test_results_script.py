@@ -61,7 +61,7 @@ def test_each_run_is_labelled_with_its_command_machine_torch_and_commit(tmp_path
             }
         )
     )  # fmt: skip
-    out = tmp_path / "results.md"
+    out = tmp_path / "results.txt"
     script = _script()
     assert (
         script.main([f"reference={new}", str(old), "--bench", f"pool={bench}", "--out", str(out)])
@@ -85,7 +85,7 @@ def test_each_run_is_labelled_with_its_command_machine_torch_and_commit(tmp_path
 
 def test_a_missing_report_names_the_path_and_what_to_pass(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match=r"report '.*nowhere/report.json' does not exist; pass"):
-        _script().main([str(tmp_path / "nowhere"), "--out", str(tmp_path / "r.md")])
+        _script().main([str(tmp_path / "nowhere"), "--out", str(tmp_path / "out.txt")])
 
 
 def test_a_source_without_a_label_takes_the_directory_name() -> None:

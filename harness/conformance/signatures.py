@@ -283,18 +283,32 @@ def headline(first_line: str) -> str:
     line = first_line.rstrip()
     if line.endswith(":"):
         line = f"{line} (empty message)"
+    clause_id, what, context = _split_context(line)
+    return f"{clause_id}: {what} ({context})" if context else line
+
+
+def _split_context(line: str) -> tuple[str, str, str]:
+    """``(clause, what is wrong, where it was seen)`` of a suite's message that says where
+    before what; ``("", line, "")`` for any other line."""
     clause_id = named_clause(line)
-    if not clause_id:
-        return line
+    if not clause_id or f"{clause_id}: " not in line:
+        return "", line, ""
     body = line.split(f"{clause_id}: ", 1)[1]
     parts = _split_top(body, ": ")
     if len(parts) < 2 or not _CONTEXT.search(parts[0]):
-        return line
+        return "", line, ""
     context = _split_top(parts[0], ", ")
     what = parts[1:]
     while len(context) > 1 and not _CONTEXT_PIECE.search(context[-1]):
         what.insert(0, context.pop())  # "..., strict=True, unexpected model keys: ..."
-    return f"{clause_id}: {': '.join(what)} ({', '.join(context)})"
+    return clause_id, ": ".join(what), ", ".join(context)
+
+
+def _assertion_key(message: str) -> str:
+    """The masked key of a suite's assertion: what is wrong, without where it was seen (the
+    same wrong answer whichever rank, world size, family or format met it)."""
+    clause_id, what, context = _split_context(_first(message))
+    return mask(f"{clause_id}: {what}") if context else mask(message)
 
 
 def _split_top(text: str, separator: str) -> list[str]:
@@ -381,7 +395,8 @@ def _attribute_plain(exc: BaseException) -> Attribution:
     type_name = _type_name(type(exc))
     text = _tb_text(exc.__traceback__)
     first = _first(message) or _no_message(type_name, text, where)
-    attribution = Attribution(clause, kind, type_name, mask(message), where, first)
+    key = _assertion_key(message) if kind == "assertion" else mask(message)
+    attribution = Attribution(clause, kind, type_name, key, where, first)
     return _with_method(attribution, text)
 
 

@@ -144,3 +144,18 @@ def test_a_training_step_after_a_load_nobody_found_broken_is_the_round_trips() -
     added = "aten.add_.Tensor got mixed torch.Tensor and DTensor"
     assert triage.attribute(again, _failure("RuntimeError", added, sgd, "API-4")) is finding
     assert again.blocked_by == "CKPT-RT-1"
+
+
+def test_one_wrong_answer_seen_in_two_formats_is_one_finding() -> None:
+    def refusal(fmt: str) -> BaseException:
+        where = f"rank 0, saved at world size 2 (model_parallel, {fmt}), loaded at world size 2"
+        try:
+            raise AssertionError(f"CKPT-STRICT-2: {where}: optimizer with other groups: none")
+        except AssertionError as exc:
+            return exc.with_traceback(None)  # a suite's assertion: no strategy frame
+
+    triage = Triage({})
+    full = triage.attribute(_check("test_strict[full]", ["CKPT-STRICT-2"]), refusal("full"))
+    sharded = _check("test_strict[sharded]", ["CKPT-STRICT-2"])
+    assert triage.attribute(sharded, refusal("sharded")) is full
+    assert full.attribution.message.startswith("CKPT-STRICT-2: optimizer with other groups: none")

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from harness import RankContext, Strategy
+from harness import RankContext, Strategy, Unsupported
 from suites.lib.ranks.readers import gathered_optim_state, gathered_state
 from suites.lib.ranks.training import (
     RankResult,
@@ -186,11 +186,14 @@ def error_scenario(family: str, world: int = 2) -> Scenario:
 
 
 def attempt(fn: Any, watch: str) -> dict[str, Any]:
-    """Run ``fn``; record what it raised and whether the files under ``watch`` changed."""
+    """Run ``fn``; record what it raised and whether the files under ``watch`` changed.
+    An ``Unsupported`` is not recorded: it is the strategy's refusal, raised on."""
     before = files_digest(watch) if os.path.exists(watch) else {}
     record: dict[str, Any] = {"type": None, "message": "", "is_exception": True}
     try:
         fn()
+    except Unsupported:
+        raise  # a refusal, not an answer to record: the check is unsupported, as from a factory
     except BaseException as exc:  # CheckpointException is a BaseException
         record.update(
             type=type(exc).__name__,

@@ -11,8 +11,8 @@ It lists what the suites use and nothing more, so that mypy flags a suite callin
 else; the behaviour each member owes is in ``CONTRACT.md`` (the API-* clauses).
 
 The field names and defaults of :class:`StrategySpec` are fixed (they are the reference
-strategies' constructor argument names; the README's "Validate your own strategy" shows a
-factory reading them): third parties code against them.
+strategies' constructor argument names; the README's "Validate your strategy" shows a
+factory of each family reading them): third parties code against them.
 """
 
 from __future__ import annotations

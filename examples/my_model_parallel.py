@@ -29,6 +29,8 @@ def make_strategy(spec: StrategySpec) -> ModelParallelStrategy:
                 f"{name}={getattr(spec, name)!r} is not an option of a model_parallel "
                 f"strategy; leave it at its default ({defaults[name]!r})."
             )
+    if spec.parallelize_fn is None:
+        raise ValueError("parallelize_fn=None: pass the suite's (spec.parallelize_fn) through")
     return ModelParallelStrategy(
         spec.parallelize_fn,  # the suite's: it shards the suite's own models on your mesh
         data_parallel_size=spec.data_parallel_size,

@@ -270,9 +270,12 @@ def _attribute_one(exc: BaseException) -> Attribution:
 
 
 #: the words of a suite's message that say where a value was seen, not what is wrong
-_CONTEXT = re.compile(r"^(?:load )?rank \d+\b|\bworld size \d+")
+_CONTEXT = re.compile(r"^(?:load )?rank \d+\b|\bworld size \d+|^(?:fsdp|model_parallel) \w+ save\b")
 #: one comma-separated piece of those words: ``rank 0``, ``saved at ...``, ``strict=True``
-_CONTEXT_PIECE = re.compile(r"^(?:(?:load )?rank \d+|.*\bworld size \d+.*|\w+=\S+)$")
+_CONTEXT_PIECE = re.compile(
+    r"^(?:(?:load )?rank \d+|.*\bworld size \d+.*|\w+=\S+|(?:fsdp|model_parallel) \w+ save"
+    r"|write error|rank killed|\w+ on one rank)$"
+)
 
 
 def headline(first_line: str) -> str:

@@ -159,3 +159,22 @@ def test_one_wrong_answer_seen_in_two_formats_is_one_finding() -> None:
     sharded = _check("test_strict[sharded]", ["CKPT-STRICT-2"])
     assert triage.attribute(sharded, refusal("sharded")) is full
     assert full.attribution.message.startswith("CKPT-STRICT-2: optimizer with other groups: none")
+
+
+def test_leftover_files_of_two_faults_with_random_names_are_one_key() -> None:
+    from harness.conformance.signatures import _assertion_key
+
+    def message(fault: str, suffix: str) -> str:
+        listing = f"['ckpt'] before, ['ckpt', 'ckpt.tmp-{suffix}'] after"
+        return f"CKPT-SAVE-6: model_parallel sharded save, {fault}: the directory held {listing}"
+
+    keys = {
+        _assertion_key(message(f, s))
+        for f, s in (("write error", "ff6bde41"), ("rank killed", "78f62be4"))
+    }
+    assert keys == {
+        "CKPT-SAVE-N: the directory held ['ckpt'] before, ['ckpt', 'ckpt.tmp-HEX'] after"
+    }
+    assert headline(message("write error", "ff6bde41")).startswith(
+        "CKPT-SAVE-6: the directory held ['ckpt'] before, ['ckpt', 'ckpt.tmp-ff6bde41'] after ("
+    )

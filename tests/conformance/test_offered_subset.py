@@ -13,6 +13,7 @@ from harness.report import (
     declared_unsupported,
     nonconforming,
     offered_outcome,
+    render_summary,
 )
 from harness.report.verdict import verdict
 
@@ -114,4 +115,24 @@ def test_the_verdict_passes_a_subset_unless_the_whole_space_is_required() -> Non
     assert (nothing.word, nothing.sentence) == (
         "failed",
         "1 of 1 checks unsupported and the strategy declared every check it met unsupported",
+    )
+
+
+def test_the_first_column_points_at_what_decided_the_clause() -> None:
+    """A strategy that refuses the fsdp family: its fsdp checks are unsupported, a check of no
+    family failed. The clause row names the failed check first, counts only it against the
+    clause, and reads fsdp=unsupported (not failed)."""
+    checks = [
+        check("rt[fsdp-a]", "unsupported", "fsdp"),
+        check("rt[fsdp-b]", "unsupported", "fsdp"),
+        check("rt[model_parallel]", "passed", "model_parallel"),
+        check("rt[drawn]", "failed", "", finding="F1", attributed_to=["CKPT-RT-1"]),
+    ]
+    row = next(
+        line
+        for line in render_summary(_report(checks)).splitlines()
+        if line.startswith("| CKPT-RT-1 |")
+    )
+    assert row == (
+        "| CKPT-RT-1 | failed | fsdp=unsupported, model_parallel=passed | 1 of 4 | `rt[drawn]` |"
     )

@@ -178,3 +178,13 @@ def test_leftover_files_of_two_faults_with_random_names_are_one_key() -> None:
     assert headline(message("write error", "ff6bde41")).startswith(
         "CKPT-SAVE-6: the directory held ['ckpt'] before, ['ckpt', 'ckpt.tmp-ff6bde41'] after ("
     )
+
+
+def test_a_collective_fingerprints_sequence_number_does_not_split_a_desync() -> None:
+    def fingerprint(n: int) -> str:
+        return (
+            "Detected mismatch between collectives on ranks. Rank 0 is running collective: "
+            f"CollectiveFingerPrint(SequenceNumber={n}OpType=BARRIER), but Rank 1 is running"
+        )
+
+    assert mask(fingerprint(30)) == mask(fingerprint(133))

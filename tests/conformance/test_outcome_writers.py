@@ -6,7 +6,10 @@ the JUnit properties and ``report.json``."""
 from __future__ import annotations
 
 import json
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -25,6 +28,11 @@ from harness.report import (
 )
 from harness.report.outcome import Outcome
 from harness.report.verdict import FAILING
+
+if TYPE_CHECKING:
+    from tests.conformance.conftest import Run
+
+RunSuite = Callable[..., "Run"]
 
 #: one check per outcome, each under a clause of its own (``C-<outcome>``)
 FINDING_OF = {"failed": "F1", "desync": "F2", "hang": "F3", "blocked": "F1", "xfailed": "F4"}
@@ -144,3 +152,54 @@ def test_environment_does_not_count_against_checks_that_passed() -> None:
         line.split()[:2] == ["TRAIN-1", "passed"] and "1 environment" in line for line in lines
     )
     assert "| TRAIN-1 | passed | 2 | t.test_cuda (environment) |" in render_markdown(report)
+
+
+# -- end to end: a run with a desync and a hang -----------------------------------------------
+
+DESYNC_AND_HANG = """
+import pytest
+from harness.verdicts.failures import CollectiveDesync, CollectiveHang
+from harness.verdicts.outcomes import Outcome, RemoteError
+
+def ranks(kind):
+    error = RemoteError("RuntimeError", "mismatched collectives", "") if kind == "raised" else None
+    return [Outcome(0, kind, error=error, detail="waits in ALLREDUCE"), Outcome(1, "ok")]
+
+@pytest.mark.clause("SYNC-1")
+def test_desync():
+    message = "desync: rank 0 entered BARRIER, rank 1 entered ALLREDUCE"
+    raise CollectiveDesync(message, ranks("raised"))
+
+@pytest.mark.clause("CKPT-SAVE-5")
+def test_hang():
+    raise CollectiveHang("rank(s) 1 finished; rank 0 waits in ALLREDUCE", ranks("hung"))
+
+@pytest.mark.clause("API-1")
+def test_fine():
+    pass
+"""
+
+
+def test_a_run_with_a_desync_and_a_hang_shows_both_in_every_writer(run_suite: RunSuite) -> None:
+    run = run_suite(DESYNC_AND_HANG, "--junitxml", "junit.xml")
+    assert run.ret == pytest.ExitCode.TESTS_FAILED
+    assert run.outcomes() == {
+        "test_fake.test_desync": "desync",
+        "test_fake.test_hang": "hang",
+        "test_fake.test_fine": "passed",
+    }
+    failures = _section(run.markdown(), "Failures")
+    assert "### test_fake.test_desync: desync (SYNC-1" in failures
+    assert "### test_fake.test_hang: hang (CKPT-SAVE-5" in failures
+    summary = (run.report_dir / "summary.md").read_text()
+    assert summary.startswith("## shardcheck conformance: FAILED\n")
+    assert "(1 desync, 1 hang)" in summary
+    assert "| SYNC-1 | desync |" in summary and "| CKPT-SAVE-5 | hang |" in summary
+    run.result.stdout.fnmatch_lines(["*SYNC-1*desync*test_fake.test_desync*"])
+    root = ET.parse(run.report_dir.parent / "junit.xml").getroot()
+    cases = {c.get("name"): c for c in root.iter("testcase")}
+    for name, outcome in (("test_desync", "desync"), ("test_hang", "hang")):
+        case = cases[name]
+        assert case.find("failure") is not None, name
+        properties = {p.get("name"): p.get("value") for p in case.iter("property")}
+        assert properties["outcome"] == outcome and properties.get("finding"), properties

@@ -3,8 +3,10 @@
 
 A report lists every check that was collected (none is dropped: a check that was deselected
 is listed under ``selection``), each with its outcome, and groups them by the CONTRACT.md clauses
-they declare. A clause takes the worst outcome of its checks, where a check the strategy
-declared unsupported does not count against one that passed (see ``nonconforming``).
+they declare. :class:`Outcome` (``outcome.py``) says which outcomes fail the run, join a
+finding and count against a clause; every writer asks it. A clause takes the worst outcome of
+its checks, where a check the strategy declared unsupported, or one that needs another
+environment, does not count against one that passed (see ``nonconforming``).
 
 ``python -m harness.report diff OLD.json NEW.json`` answers "what did this change break?":
 it lists the clauses whose outcome changed, and the checks that were added or removed.
@@ -36,6 +38,7 @@ from harness.report.model import (
     offered_outcome,
     worst_outcome,
 )
+from harness.report.outcome import Outcome
 from harness.report.summary import SUMMARY_LIMIT, render_summary
 from harness.report.verdict import Verdict, verdict
 from harness.report.write import ReportFiles, write_report
@@ -52,6 +55,7 @@ __all__ = [
     "SUMMARY_LIMIT",
     "CheckResult",
     "FindingResult",
+    "Outcome",
     "Report",
     "ReportDiff",
     "ReportError",

@@ -1,4 +1,4 @@
-"""``python -m harness.report diff OLD.json NEW.json``."""
+"""``python -m harness.report diff OLD NEW`` and ``... baseline REPORT_DIR``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,11 @@
-"""``python -m harness.report diff OLD.json NEW.json``: what changed between two runs.
+"""``python -m harness.report diff OLD NEW``: what changed between two runs.
 
 The torch-upgrade question ("what did the new version break?"): the clauses whose outcome
-changed (with the checks that moved), and the clauses and checks that were added or removed.
-The command exits 0 whatever changed, and 2 when a file is not a readable report.
+changed (with the checks that moved), the clauses and checks that were added or removed, and
+what got worse: a check that fails now and did not before (it passed, was refused, or did
+not exist), a finding whose signature the old run did not have. OLD and NEW are report.json
+files or the directories holding them. The command exits 1 when something got worse (a CI
+gate), 0 otherwise, and 2 when a file is not a readable report.
 """
 
 from __future__ import annotations
@@ -11,8 +14,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from harness.report.baseline import render_baseline, report_path
 from harness.report.model import Report, ReportError, clause_outcomes, load_report
+from harness.report.outcome import Outcome
 
 __all__ = ["ReportDiff", "diff_reports", "format_diff", "main"]
 
@@ -28,6 +34,13 @@ class ReportDiff:
     checks_removed: list[tuple[str, str]]
     findings_new: list[tuple[str, str]] = field(default_factory=list)  # (clauses, signature)
     findings_gone: list[tuple[str, str]] = field(default_factory=list)
+    #: checks that fail now and did not before: (check, old outcome or "absent", new outcome)
+    worse: list[tuple[str, str, str]] = field(default_factory=list)
+
+    @property
+    def got_worse(self) -> bool:
+        """True when a check fails that did not, or a finding is new: the gate's answer."""
+        return bool(self.worse or self.findings_new)
 
     @property
     def empty(self) -> bool:
@@ -64,7 +77,14 @@ def diff_reports(old: Report, new: Report) -> ReportDiff:
             if before.get(cid) != after.get(cid)
         ]
         changed.append((clause, was, now, moved))
+    worse = [
+        (cid, old_checks[cid].outcome if cid in old_checks else "absent", check.outcome)
+        for cid, check in new_checks.items()
+        if Outcome(check.outcome).fails_run
+        and not (cid in old_checks and Outcome(old_checks[cid].outcome).fails_run)
+    ]
     return ReportDiff(
+        worse=worse,
         changed=changed,
         clauses_added=[(c, new_clauses[c][0]) for c in sorted(new_clauses.keys() - old_clauses)],
         clauses_removed=[(c, old_clauses[c][0]) for c in sorted(old_clauses.keys() - new_clauses)],
@@ -96,6 +116,14 @@ def format_diff(diff: ReportDiff, old: Report, new: Report, old_path: str, new_p
     lines = [f"old: {_describe(old, old_path)}", f"new: {_describe(new, new_path)}", ""]
     if diff.empty:
         return "\n".join([*lines, "no change: every clause has the same outcome and checks."])
+    if diff.got_worse:
+        lines.append(
+            f"worse: {len(diff.worse)} checks fail that did not, "
+            f"{len(diff.findings_new)} new findings"
+        )
+        lines += [f"  {cid}: {was} -> {now}" for cid, was, now in diff.worse]
+    else:
+        lines.append("not worse: no check fails that did not, no finding is new")
     lines.append(f"clauses whose outcome changed: {len(diff.changed)}")
     for clause, was, now, moved in diff.changed:
         lines.append(f"  {clause}: {was} -> {now}")
@@ -116,19 +144,52 @@ def format_diff(diff: ReportDiff, old: Report, new: Report, old_path: str, new_p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m harness.report diff OLD.json NEW.json``; 0 on any diff, 2 on bad input."""
+    """``python -m harness.report diff OLD NEW`` (1 when something got worse, else 0) and
+    ``python -m harness.report baseline REPORT_DIR`` (0); 2 on a file that is no report."""
     parser = argparse.ArgumentParser(
         prog="python -m harness.report", description="Work with shardcheck conformance reports."
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    diff = commands.add_parser("diff", help="list clauses whose outcome changed between runs")
-    diff.add_argument("old", help="the earlier report.json")
-    diff.add_argument("new", help="the later report.json")
+    diff = commands.add_parser(
+        "diff", help="what changed between two runs; exits 1 when something got worse"
+    )
+    diff.add_argument("old", help="the earlier report.json (or its directory)")
+    diff.add_argument("new", help="the later report.json (or its directory)")
+    base = commands.add_parser(
+        "baseline", help="write an --expected-failures file from a run's report"
+    )
+    base.add_argument("report", help="the run's report directory (or its report.json)")
+    base.add_argument(
+        "-o",
+        "--output",
+        help="the file to write (default: REPORT_DIR/expected-failures.txt; '-': stdout)",
+    )
     args = parser.parse_args(argv)
+    if args.command == "baseline":
+        return _baseline(args.report, args.output)
     try:
-        old, new = load_report(args.old), load_report(args.new)
+        old, new = load_report(report_path(args.old)), load_report(report_path(args.new))
     except ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(format_diff(diff_reports(old, new), old, new, args.old, args.new))
+    changes = diff_reports(old, new)
+    print(format_diff(changes, old, new, args.old, args.new))
+    return 1 if changes.got_worse else 0
+
+
+def _baseline(source: str, output: str | None) -> int:
+    path = report_path(source)
+    try:
+        report = load_report(path)
+    except ReportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    text = render_baseline(report, str(path))
+    if output == "-":
+        print(text, end="")
+        return 0
+    target = Path(output) if output else path.parent / "expected-failures.txt"
+    target.write_text(text)
+    count = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+    print(f"wrote {target}: {count} expected failures (pass it with --expected-failures)")
     return 0

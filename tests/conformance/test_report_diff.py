@@ -86,11 +86,13 @@ def test_diff_lists_changed_clauses_and_added_removed_checks(
     two_reports: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     old, new = two_reports
-    assert main(["diff", str(old), str(new)]) == 0
+    assert main(["diff", str(old), str(new)]) == 1  # a check that passed fails now
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith(f"old: {old} (shardcheck 0.1.0, torch 2.12.0, strategy mypkg:")
     assert out[1].startswith(f"new: {new} (shardcheck 0.1.0, torch 2.13.0")
     assert out[3:] == [
+        "worse: 1 checks fail that did not, 0 new findings",
+        "  test_ckpt.test_reshard[ws4]: passed -> failed",
         "clauses whose outcome changed: 2",
         "  CKPT-RT-3: passed -> failed",
         "      test_ckpt.test_reshard[ws4]: passed -> failed",
@@ -126,7 +128,7 @@ def test_diff_runs_as_a_module(two_reports: tuple[Path, Path]) -> None:
         check=False,
         timeout=120,
     )
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # worse: a job gated on it fails
     assert "  CKPT-RT-3: passed -> failed" in done.stdout
 
 

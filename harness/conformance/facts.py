@@ -134,6 +134,8 @@ def run(config: pytest.Config, started_at: datetime, wall_time_s: float) -> dict
         "require_whole_space": bool(config.getoption("require_whole_space", False)),
         # see [Note: heals are counted] in harness.pool.rankpool
         "heals": [heal.as_dict() for heal in session_of(config).heals],
+        # per world size, each rank's threads, memory and open files (harness.pool.usage)
+        "resources": {str(n): u.as_dict() for n, u in sorted(session_of(config).usage.items())},
         # the command, shardcheck's commit and the machine: what a published figure cites
         **provenance(config),
     }

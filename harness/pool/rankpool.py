@@ -27,10 +27,13 @@ heals.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 
+from harness.pool.progress import EXTENSION_FLOOR, WINDOW, Sample, progress, take_sample
 from harness.pool.stall import StallProbe
 from harness.pool.transport import PoolSettings, RanksUnreachable, StackDump, Transport
+from harness.pool.usage import PoolUsage
 from harness.rank.runner import pg_timeout_for
 from harness.verdicts.collectives import waiting_collective
 from harness.verdicts.outcomes import Outcome, format_story, outcome_from_reply, tidy_stacks
@@ -77,8 +80,11 @@ class RankPool:
         self.lost: str | None = None
         self.respawns = 0
         #: why generations ended early since :meth:`take_heals` was last called, in order:
-        #: ``crash``, ``hang``, ``broken group``, ``died between jobs``, ``start failure``
+        #: ``crash``, ``hang``, ``broken group``, ``died between jobs``, ``start failure``,
+        #: ``recycled (... over the bound)``
         self.heals: list[str] = []
+        #: what the ranks held over the run (see [Note: bounded ranks] in harness.rank.usage)
+        self.usage = PoolUsage()
 
     def take_heals(self) -> list[str]:
         """The causes of the generations that ended early since the last call (then
@@ -181,10 +187,20 @@ class RankPool:
                 token, began, began + job.timeout, (Kind.RESULT, Kind.ERROR), grace
             )
             self._heal(token, outcomes, job_id)
+            self._recycle_if_asked(outcomes)
         except RanksUnreachable as exc:
             self.lost = str(exc)
             raise PoolLost(self.lost) from None
         return outcomes
+
+    def _recycle_if_asked(self, outcomes: list[Outcome]) -> None:
+        """Replace the ranks when one holds more than its bound after a job (see [Note:
+        bounded ranks] in :mod:`harness.rank.usage`): a heal, whose cause says what."""
+        over = self.usage.note(outcomes)
+        if over and self.started:
+            self.heals.append(f"recycled ({over} over the bound)")
+            self.kill()
+            self._reform()
 
     def _wait(
         self,
@@ -216,35 +232,75 @@ class RankPool:
         """Every rank's outcome of command ``token``: its reply of one of ``kinds`` (or an
         error), a crash, or ``hung`` when the cutoff passed first. ``grace`` brings the
         cutoff forward once a rank is out: after a failed rank always, after one that
-        finished only when ``lonely`` (jobs; at the start ranks finish as they are ready)."""
+        finished only when ``lonely`` (jobs; at the start ranks finish as they are ready).
+        A job's cutoff (its deadline, or the grace after a rank finished) moves on while
+        the ranks still inside it work (see [Note: slow is not hung])."""
         outcomes: list[Outcome | None] = [None] * self.settings.world_size
         cutoff, why = deadline, f"still running at the deadline ({deadline - began:.1f} s)"
         probe = self._probe(began, grace) if lonely else None
+        patient = probe is not None  # a job whose ranks can be sampled: cutoffs may move
+        limit = max(deadline, began + self.settings.rank_timeout)
+        before: Sample | None = None  # the first sample of the window before the cutoff
+        moved: list[str] = []  # why the cutoff moved on, each time
         while None in outcomes:
             now = time.monotonic()
-            if now >= cutoff:
-                break
             pending = [rank for rank, o in enumerate(outcomes) if o is None]
+            if now >= cutoff:
+                alone = len(pending) < len(outcomes)  # others are out: the machine is no excuse
+                own = None if alone else self.settings.world_size
+                working = self._working(token, pending, before, own) if patient else ""
+                if not working or cutoff >= limit:
+                    break
+                step = max(EXTENSION_FLOOR, deadline - began)
+                cutoff, before = min(limit, time.monotonic() + step), None
+                moved.append(working)
+                continue
+            if patient and before is None and now >= cutoff - WINDOW:
+                before = self._sample(token, pending)
+                continue
             if probe is not None and now >= probe.next_at:
                 if self._stalled(probe, token, pending):
                     why = f"stuck in a collective: no progress in {probe.every:.0f} s"
                     break
                 continue
-            timeout = cutoff - now if probe is None else min(cutoff, probe.next_at) - now
-            for reply in self.transport.poll(token, pending, timeout):
+            wake = cutoff - WINDOW if patient and before is None else cutoff
+            if probe is not None:
+                wake = min(wake, probe.next_at)
+            for reply in self.transport.poll(token, pending, max(0.0, wake - now)):
                 outcome = outcome_from_reply(reply, kinds, time.monotonic() - began)
                 if outcome is None or outcomes[reply.rank] is not None:
                     continue
                 outcomes[reply.rank] = outcome
                 if grace is not None and None in outcomes and (lonely or not outcome.ok):
                     probe = None  # some rank is out: the grace, not stall sampling, decides
+                    patient = patient and outcome.ok  # after a failure the grace is firm
                     seconds, reason = self._grace(outcome, grace)
                     if time.monotonic() + seconds < cutoff:
-                        cutoff, why = time.monotonic() + seconds, reason
+                        cutoff, why, before = time.monotonic() + seconds, reason, None
         elapsed = time.monotonic() - began
+        if moved:
+            why += f"; the cutoff had moved on {len(moved)} time(s) while {moved[0]}"
         return [
             o or Outcome(r, "hung", detail=why, elapsed=elapsed) for r, o in enumerate(outcomes)
         ]
+
+    def _sample(self, token: int, ranks: list[int]) -> Sample:
+        """The ranks still inside the job now (see [Note: slow is not hung])."""
+
+        def stacks(wanted: Sequence[int]) -> dict[int, str]:
+            dumps = self.transport.dump_stacks(token, list(wanted))
+            return {rank: dump.stacks for rank, dump in dumps.items()}
+
+        return take_sample(time.monotonic(), ranks, self.transport.pids, stacks)
+
+    def _working(self, token: int, ranks: list[int], before: Sample | None, own: int | None) -> str:
+        """Why the ranks still inside the job at its cutoff count as working (``""``: they
+        wait; ``own``: see :func:`progress`). Without a sample from before the cutoff, one
+        is taken and the window waited."""
+        if before is None:
+            before = self._sample(token, ranks)
+            time.sleep(WINDOW)
+        return progress(before, self._sample(token, ranks), own)
 
     def _probe(self, began: float, grace: float | None) -> StallProbe | None:
         s = self.settings

@@ -60,6 +60,8 @@ class PoolSettings:
         stall_after: seconds into a job before the waiting ranks' stacks are sampled for a
             stall (:mod:`harness.pool.stall`); 0 turns sampling off.
         stall_every: seconds between two stall samples.
+        rank_timeout: the latest cutoff of a job whose ranks still work at its deadline
+            (``--rank-timeout``; see [Note: slow is not hung] in :mod:`harness.pool.progress`).
     """
 
     world_size: int
@@ -74,6 +76,7 @@ class PoolSettings:
     lonely_grace: float = 5.0
     stall_after: float = 3.0
     stall_every: float = 2.0
+    rank_timeout: float = 120.0
 
 
 class RanksUnreachable(RuntimeError):

@@ -123,8 +123,12 @@ class Baseline:
             torch_compat.clear_sharding_cache()
             self.uncollected += 1
             if self.uncollected >= COLLECT_EVERY:  # see [Note: freeing the destroyed groups]
-                gc.collect()
-                self.uncollected = 0
+                self.collect()
+
+    def collect(self) -> None:
+        """A full collection now: frees the groups of the jobs since the last one."""
+        gc.collect()
+        self.uncollected = 0
 
 
 def _restore_environ(saved: dict[bytes, bytes]) -> None:

@@ -32,6 +32,7 @@ from harness.rank.isolation import (
     format_warnings,
     warning_records,
 )
+from harness.rank.usage import UsageGuard
 from harness.rank.warmup import tiny_fsdp2_step
 from harness.verdicts.attribution import clause_of, take_late_violations
 from harness.verdicts.collectives import CollectiveLog, set_checked_timeout
@@ -177,6 +178,7 @@ class JobRunner:
         self.capture = capture
         self.pg_timeout = pg_timeout
         self.baseline = Baseline()
+        self.usage = UsageGuard(self.baseline.collect)  # see [Note: bounded ranks]
         self.current_job = 0
         self.checked = checked
         self.log = CollectiveLog()
@@ -241,14 +243,27 @@ class JobRunner:
         if desync is not None:
             report = report_error(_desync_error(self.log, payload), elapsed, warned)
             report = replace(report, desync=desync, is_distributed=True, warning_records=noted)
-            return Event(Kind.ERROR, command.job_id, ctx.rank, report)
+            return self._reply(Kind.ERROR, command.job_id, report, payload)
         if isinstance(payload, BaseException):
             report = report_error(payload, elapsed, warned)
             report = replace(report, warning_records=noted, collective_error=trouble)
-            return Event(Kind.ERROR, command.job_id, ctx.rank, report)
+            return self._reply(Kind.ERROR, command.job_id, report, payload)
         late = take_late_violations()
         result = Result(payload.value, warned, elapsed, noted, trouble, late)
-        return Event(Kind.RESULT, command.job_id, ctx.rank, result)
+        return self._reply(Kind.RESULT, command.job_id, result, None)
+
+    def _reply(self, kind: Kind, job_id: int, report: Any, error: BaseException | None) -> Event:
+        """The job's reply, with what the rank holds now (see [Note: bounded ranks]).
+
+        A job's exception keeps its frames, and so the job's strategy, modules and groups,
+        alive through its traceback: it is dropped before the rank's usage is read.
+        """
+        seen: set[int] = set()
+        while error is not None and id(error) not in seen:  # its cause and context too
+            seen.add(id(error))
+            error.__traceback__ = None
+            error = error.__cause__ or error.__context__
+        return Event(kind, job_id, self.rank, report, self.usage.after_job())
 
     def state(self, command: Command) -> Event:
         """Report the state the health check compares across ranks."""

@@ -33,6 +33,7 @@ from harness.pool.heals import Heal
 from harness.pool.rankpool import RankPool
 from harness.pool.transport import PoolSettings, TransportKind
 from harness.pool.transports import loaded_kinds, transport_kind
+from harness.pool.usage import PoolUsage
 from harness.rank.runner import pg_timeout_for
 from harness.refusals import Refusal, skip_exception
 from harness.run.deadlines import Deadlines, current_check
@@ -102,6 +103,8 @@ class HarnessSession:
         self.warnings = RankWarnings()
         self.late: list[tuple[int, LateViolation]] = []  # (rank, violation) from jobs
         self.heals: list[Heal] = []  # restarts of the ranks, see [Note: heals are counted]
+        #: what the ranks of each world size held, over every pool of the session
+        self.usage: dict[int, PoolUsage] = {}
         self.universe: set[tuple[str, str, str, str]] = set()  # declared configuration pairs
 
     # -- settings -------------------------------------------------------------------------
@@ -170,9 +173,11 @@ class HarnessSession:
             threads=self.config.threads,
             failure_grace=self.config.failure_grace,
             check_collectives=self.config.check_collectives,
+            rank_timeout=self.config.rank_timeout,
         )
         transport = kind.open(self.config, world_size, self.session_root())
         pool = self.pools[world_size] = RankPool(settings, transport)
+        pool.usage = self.usage.setdefault(world_size, PoolUsage())
         return pool
 
     def warm_up(self) -> None:

@@ -17,6 +17,7 @@ import pytest
 from hypothesis.errors import Unsatisfiable
 
 from harness.pool.heals import describe_heals
+from harness.pool.usage import leak_warning, usage_line
 from harness.refusals import EnvironmentRefusal
 from harness.run.session import HarnessSession, activate, deactivate
 from harness.verdicts.outcomes import Outcome
@@ -98,6 +99,12 @@ class SessionPlugin:
         conformance summary and findings."""
         for line in describe_heals(self.session.heals):  # see [Note: heals are counted]
             terminalreporter.write_line(line if line.startswith(" ") else f"shardcheck: {line}")
+        usage = usage_line(self.session.usage)  # see [Note: bounded ranks]
+        if usage:
+            terminalreporter.write_line(f"shardcheck: {usage}")
+        leak = leak_warning(self.session.usage, self.session.config.strategy)
+        if leak:
+            terminalreporter.write_line(f"shardcheck: warning: {leak}", yellow=True)
         write_summary(terminalreporter, self.session.warnings)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:

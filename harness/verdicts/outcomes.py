@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from harness.verdicts.attribution import tag
 from harness.verdicts.collectives import Collective
-from harness.wire.protocol import ErrorReport, Kind, Result
+from harness.wire.protocol import ErrorReport, Kind, Result, Usage
 
 if TYPE_CHECKING:
     from harness.wire.protocol import Reply
@@ -89,6 +89,8 @@ class Outcome:
         trace: the rank's last collectives from NCCL's flight recorder, oldest first.
         late: violations the job recorded after its property was tested (``ok`` only; see
             [Note: clause isolation] in :mod:`harness.verdicts.attribution`).
+        usage: what the rank held after the job (``ok`` and ``raised``; see [Note: bounded
+            ranks] in :mod:`harness.rank.usage`).
     """
 
     rank: int
@@ -107,6 +109,7 @@ class Outcome:
     collective_error: str = ""
     trace: str = ""
     late: tuple[Any, ...] = ()
+    usage: Usage | None = None
 
     @property
     def ok(self) -> bool:
@@ -397,4 +400,6 @@ def outcome_from_reply(reply: Reply, kinds: tuple[str, ...], elapsed: float) -> 
     else:
         outcome = Outcome(reply.rank, "ok", value=event.payload, elapsed=elapsed)
     outcome.stdout, outcome.stderr = reply.stdout, reply.stderr
+    if event is not None:
+        outcome.usage = event.usage
     return outcome

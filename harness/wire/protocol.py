@@ -37,6 +37,9 @@ Worker -> controller (:class:`Event`):
                  ``ready``) or ``start`` (store) raised (payload: :class:`ErrorReport`).
     ``state``    answer to ``state`` (payload: a dict of comparable values).
     ``healthy``  the barrier passed (payload: the seconds it took).
+
+A ``result`` or ``error`` of a job also carries the rank's :class:`Usage` after the job
+(``Event.usage``): its threads, memory and open files, and whether it asks to be recycled.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ __all__ = [
     "Kind",
     "Reply",
     "Result",
+    "Usage",
     "decode",
     "encode",
 ]
@@ -93,13 +97,34 @@ class Command(NamedTuple):
     payload: Any = None
 
 
+@dataclass(frozen=True)
+class Usage:
+    """What a rank process holds after a job (read from ``/proc/self``; see
+    :mod:`harness.rank.usage`).
+
+    Args:
+        threads: its threads.
+        rss_mib: its resident memory, MiB.
+        open_files: its open file descriptors.
+        recycle: what stayed over the rank's bound after a full collection (``threads``,
+            ``open files``, ``memory``), so that it asks to be replaced before the next job;
+            ``""`` when nothing did.
+    """
+
+    threads: int
+    rss_mib: float
+    open_files: int
+    recycle: str = ""
+
+
 class Event(NamedTuple):
-    """A message from a worker to the controller."""
+    """A message from a worker to the controller (``usage``: see :class:`Usage`)."""
 
     kind: Kind
     job_id: int
     rank: int
     payload: Any = None
+    usage: Usage | None = None
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,7 @@ class ConformancePlugin:
         self.matched_patterns: set[str] = set()
         self.report: Report | None = None
         self.strict: StrictVerdict | None = None  # under --conformance-strict
+        self.strict_alone = False  # the strict verdict alone failed the run
         self.triage = Triage(self.expected_late)
         self.progress = Progress(terminal_writer(config))
         self.started_at = datetime.now(timezone.utc)  # the report's run.started_at
@@ -251,23 +252,25 @@ class ConformancePlugin:
         directory = self.config.getoption("conformance_report")
         if directory:
             write_report(self.report, directory)
+        if self.config.getoption("conformance_strict"):
+            whole = bool(self.config.getoption("require_whole_space"))
+            self.strict = strict_verdict(self.report, whole)
+            if not self.strict.passed and session.exitstatus == 0:  # no test case failed
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+                self.strict_alone = True
         late = [f for f in self.triage.findings if f.seen_late]
         unexpected = [f for f in late if not set(f.clauses) <= set(self.expected_late)]
         if unexpected and session.exitstatus == 0:  # a violation, though no check failed on it
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.triage.late_unmatched() and session.exitstatus == 0:  # an expected one went away
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        if self.config.getoption("conformance_strict"):
-            whole = bool(self.config.getoption("require_whole_space"))
-            self.strict = strict_verdict(self.report, whole)
-            if not self.strict.passed and session.exitstatus == 0:
-                session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        """A failed strict verdict is a failed test case of the ``--junitxml`` file too (pytest
-        wrote the file at the session's end), so the file and the exit status agree."""
+        """A run that only the strict verdict failed (no test case failed) gets a failed test
+        case in the ``--junitxml`` file too (pytest wrote the file at the session's end), so
+        the file and the exit status agree."""
         path = config.getoption("xmlpath", None)
-        if self.strict is not None and not self.strict.passed and path:
+        if self.strict is not None and self.strict_alone and path:
             add_to_junit(path, self.strict)
 
     def build_report(self) -> Report:

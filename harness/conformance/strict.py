@@ -5,8 +5,8 @@ one the strategy declared unsupported as ``skipped``; neither fails pytest's run
 fails it where the run does not conform although no check failed (the strategy offered
 nothing to check, or ``--require-whole-space`` is given and it refused some configurations,
 or a violation was recorded after a check's property). pytest's last line then counts those
-checks as ``nonconforming``, and, so that a CI system reading only the ``--junitxml`` file
-sees the same red run, :func:`add_to_junit` adds one failed test case,
+checks as ``nonconforming``, and, when no test case failed, so that a CI system reading only
+the ``--junitxml`` file sees the same red run, :func:`add_to_junit` adds one failed test case,
 ``shardcheck.conformance-strict``, that says why.
 """
 

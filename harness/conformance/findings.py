@@ -14,12 +14,66 @@ clause: a check failing under a clause it does not declare is ``blocked`` by tha
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from harness.conformance.signatures import Attribution
 
-__all__ = ["Finding", "Findings"]
+__all__ = ["KINDS", "Finding", "Findings", "failure_kind", "kind_order"]
+
+#: what kind of failure a finding is, worst first: the order the summary lists findings in
+#: (what corrupts training or checkpoints before what breaks a convention of the contract)
+KINDS = (
+    "lost or corrupted data",
+    "wrong result",
+    "race between ranks",
+    "hang or desync",
+    "crash",
+    "leftover files",
+    "refusal with the wrong exception",
+    "convention",
+)
+#: clauses about what a checkpoint holds: a wrong value there is lost or corrupted data
+_DATA_CLAUSES = re.compile(r"^CKPT-(?:RT|SAVE-7|STRICT-3|BUF|REKEY|TRAINER)")
+#: clauses about numbers computed in training: a wrong value there is a wrong result
+_RESULT_CLAUSES = re.compile(r"^(?:TRAIN|CLIP|SYNC|SHARD|PREC|INIT|AC|MP-2|MP-4)")
+_RACE = re.compile(r"(?:differ|not the same) (?:between|across|on every) ranks|on one rank only")
+_DESYNC = re.compile(r"mismatch between collectives|collectives that do not match|desync")
+_LEFTOVER = re.compile(r"directory held|left (?:behind|beside)|partial")
+_REFUSAL = re.compile(r"nothing was raised|; expected \w+")
+_CHECKPOINT_METHODS = ("save_checkpoint", "load_checkpoint")
+
+
+def failure_kind(attribution: Attribution, clauses: list[str]) -> str:
+    """The kind of failure (one of :data:`KINDS`) a finding's first failure is."""
+    message = attribution.message
+    if attribution.kind == "hung" or _DESYNC.search(message):
+        return "hang or desync"
+    if attribution.kind == "crashed":
+        return "crash"
+    if _RACE.search(message):
+        return "race between ranks"
+    data = any(_DATA_CLAUSES.match(c) for c in clauses)
+    if attribution.kind == "raised":
+        # a checkpoint that does not save or load back is lost; elsewhere the strategy's (or
+        # torch's) code raised where it should have worked
+        lost = data and attribution.method in _CHECKPOINT_METHODS
+        return "lost or corrupted data" if lost else "crash"
+    if _LEFTOVER.search(message) and "CKPT-SAVE-6" in clauses:
+        return "leftover files"
+    if _REFUSAL.search(message):
+        return "refusal with the wrong exception"
+    if data or "CKPT-SAVE-6" in clauses:
+        return "lost or corrupted data"
+    if any(_RESULT_CLAUSES.match(c) for c in clauses):
+        return "wrong result"
+    return "convention"
+
+
+def kind_order(kind: str) -> int:
+    """The sort key of a kind: its place in :data:`KINDS` (an unknown kind last)."""
+    return KINDS.index(kind) if kind in KINDS else len(KINDS)
 
 
 @dataclass
@@ -37,6 +91,8 @@ class Finding:
         seen_late: some check met it after its property (it may have failed another check,
             its own clause's, first).
         found_after_s: seconds from the session's start until it was found.
+        kind: what kind of failure it is (:data:`KINDS`: lost or corrupted data, a wrong
+            result, a crash, ...).
     """
 
     id: str
@@ -50,6 +106,7 @@ class Finding:
     found_after_s: float = 0.0
     example: str = ""
     reproduce: str = ""
+    kind: str = ""
 
     def add_check(self, check_id: str) -> None:
         """Count ``check_id`` as affected (each once)."""
@@ -135,6 +192,7 @@ class Findings:
                 first_check=check_id,
                 late=late,
                 found_after_s=round(elapsed_s, 1),
+                kind=failure_kind(attribution, list(clauses)),
             )
             self.by_signature[signature] = finding
             if attribution.clause and attribution.place:

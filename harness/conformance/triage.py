@@ -19,7 +19,7 @@ import pytest
 from harness.conformance.checks import Check
 from harness.conformance.economy import SHRINK_SECONDS, ShrinkPolicy, attributed_clauses
 from harness.conformance.examples import finding_example
-from harness.conformance.findings import Finding, Findings
+from harness.conformance.findings import Finding, Findings, kind_order
 from harness.conformance.signatures import Attribution, attribute, late_attribution
 from harness.report import CheckResult, FindingResult
 from harness.verdicts.attribution import TRAINING_METHODS, LateViolation, method_clause
@@ -185,7 +185,8 @@ class Triage:
         params = params or {}
         by_id = {c.id: c for c in checks}
         results = []
-        for f in self.findings:
+        # worst kind first (lost data before a convention), found order within a kind
+        for f in sorted(self.findings, key=lambda f: kind_order(f.kind)):
             first = by_id.get(f.first_check)
             results.append(
                 FindingResult(
@@ -201,6 +202,7 @@ class Triage:
                     reproduce=first.reproducer if first else "",
                     late=f.late,
                     found_after_s=f.found_after_s,
+                    kind=f.kind,
                 )
             )
         return results

@@ -135,6 +135,9 @@ class FindingResult:
         reproduce: a command that reruns the check it was found in.
         late: recorded after its checks' properties were tested (their verdicts stand).
         found_after_s: seconds from the session's start until it was found.
+        kind: what kind of failure it is (lost or corrupted data, a wrong result, a race
+            between ranks, a hang or desync, a crash, leftover files, a refusal with the
+            wrong exception, a convention); findings come worst kind first.
     """
 
     id: str
@@ -147,6 +150,7 @@ class FindingResult:
     reproduce: str = ""
     late: bool = False
     found_after_s: float = 0.0
+    kind: str = ""
 
 
 @dataclass

@@ -94,13 +94,16 @@ def _findings(report: Report, shown: int | None) -> list[str]:
         what = ("(late) " if f.late else "") + f.message
         first = f.checks[0] if f.checks else ""
         clauses = _clip(", ".join(f.clauses), _TEXT)
-        rows.append(f"| {f.id} | {clauses} | {_code(what)} | {_code(first)} | {len(f.checks)} |")
+        row = (
+            f"| {f.id} | {f.kind} | {clauses} | {_code(what)} | {_code(first)} | {len(f.checks)} |"
+        )
+        rows.append(row)
     return [
         "",
-        f"### Findings ({len(report.findings)})",
+        f"### Findings ({len(report.findings)}, worst kind first)",
         "",
-        "| finding | clause | what | first check | checks |",
-        "|---|---|---|---|---|",
+        "| finding | kind | clause | what | first check | checks |",
+        "|---|---|---|---|---|---|",
         *_rows(rows, shown, "findings"),
     ]
 

@@ -111,7 +111,7 @@ def test_summary_of_a_small_run_has_verdict_findings_clauses_and_pointer() -> No
     assert "1 of 4 checks did not pass (1 failed); 1 finding." in text
     assert "profile `ci` · seed 12 · started 2026-01-02T03:04:05Z · 61.5 s" in text
     row = next(line for line in text.splitlines() if line.startswith("| F1 |"))
-    assert row.startswith("| F1 | CKPT-RT-1 | ``") and row.endswith(
+    assert row.startswith("| F1 |  | CKPT-RT-1 | ``") and row.endswith(
         "| `test_ckpt.test_rt[fsdp-full]` | 1 |"
     )
     assert "\\|" in row  # the pipe of the message does not split the table

@@ -45,7 +45,11 @@ PREAMBLE = (
     "message names the offending value or key. *Equal* means bitwise for state that only moved "
     "between processes or files, and within the suites' tolerance table (precision x optimizer) "
     "for anything computed again. A configuration the strategy does not support is answered "
-    "with `harness.Unsupported` and reported as such, never counted as a failure."
+    "with `harness.Unsupported` and reported as such, never counted as a failure: from the "
+    "factory, or from the method that cannot honour a call (`load_checkpoint(..., "
+    "strict=False)`), raised on every rank alike and before any collective of that call. "
+    "Every method is called on every rank, and one that communicates returns on no rank "
+    "before every rank has done its part."
 )
 
 #: The sections in order.

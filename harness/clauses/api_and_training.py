@@ -40,7 +40,15 @@ API = Section(
             "API-4",
             "`backward(loss, module)` and `optimizer_step(optimizer)` go through the precision "
             "plugin (under `16-mixed` that includes the gradient scaler). The precision object "
-            "offers `forward_context()` and `convert_input(x)`.",
+            "offers `forward_context()` and `convert_input(x)`, and the suites run every "
+            "forward and loss inside `forward_context()` on `convert_input`'s inputs. Under "
+            "`16-mixed` and `bf16-mixed`, `forward_context()` autocasts to the low dtype on the "
+            "rank's device type (`torch.autocast`): the forward meets float32 inputs and "
+            "buffers beside parameters that a mixed-precision policy (FSDP's, or the one a "
+            "`parallelize_fn` applies) casts to the low dtype, and must run all the same; "
+            "`convert_input` leaves inputs float32. Under `16-true` and `bf16-true`, "
+            "`convert_input` gives floating inputs the parameters' low dtype. Under `32-true` "
+            "both may change nothing.",
         ),
         Clause(
             "API-5",

@@ -18,7 +18,9 @@ _FORMATS = (
     "model state dict under the model's key, the gathered state dict of each optimizer under "
     "its key, and the caller's other entries. **sharded**: a directory written by "
     "`torch.distributed.checkpoint`, plus a `meta.pt` file from rank 0 with the caller's other "
-    "entries."
+    "entries. `save_checkpoint` returns on no rank before the checkpoint is complete on disk "
+    "(a rank that loads right after its own save reads what was saved), and an error or a "
+    "refusal in a save or a load is raised on every rank."
 )
 
 CHECKPOINTS = Section(

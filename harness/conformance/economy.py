@@ -125,7 +125,7 @@ class ShrinkPolicy:
         """After a failing example: start the budget; stop at once if the failure is known."""
         if check.first_failure_at is None:
             check.first_failure_at = time.perf_counter()
-        attribution = self.findings.resolve(attribute(exc, check.clauses))
+        attribution = self.findings.settle(attribute(exc, check.clauses), check.clauses)
         clauses, _ = attributed_clauses(check.clauses, attribution)
         known = self.findings.match(attribution, clauses) or self.findings.explaining(attribution)
         if known is not None and known.first_check != check.id:

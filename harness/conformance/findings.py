@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from harness.conformance.signatures import Attribution
+from harness.verdicts.attribution import TRAINING_METHODS, method_clause
 
 __all__ = ["KINDS", "Finding", "Findings", "failure_kind", "kind_order"]
 
@@ -132,6 +133,25 @@ class Findings:
         if known is None or not known.attribution.clause:
             return attribution
         return replace(attribution, clause=known.attribution.clause)
+
+    def settle(self, attribution: Attribution, check_clauses: list[str]) -> Attribution:
+        """The attribution a failure of a check declaring ``check_clauses`` is filed by:
+        :meth:`resolve`, then an untagged error nobody found yet gets the clause of the
+        strategy method it was raised in (:func:`~harness.verdicts.attribution.method_clause`),
+        and a training step after a load nobody found broken the round trip's the check
+        declares (the step ran on what the load left)."""
+        attribution = self.resolve(attribution)
+        unknown = (
+            self.explaining(attribution) is None and self.match(attribution, check_clauses) is None
+        )
+        if not attribution.clause and unknown:
+            attribution = replace(
+                attribution, clause=method_clause(attribution.method, check_clauses)
+            )
+        if attribution.method in TRAINING_METHODS and attribution.through and unknown:
+            loaded = next((c for c in attribution.through if c in check_clauses), "")
+            attribution = replace(attribution, clause=loaded or attribution.clause)
+        return attribution
 
     def __len__(self) -> int:
         return len(self.by_signature)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import replace
 
 import pytest
 
@@ -20,9 +19,9 @@ from harness.conformance.checks import Check
 from harness.conformance.economy import SHRINK_SECONDS, ShrinkPolicy, attributed_clauses
 from harness.conformance.examples import finding_example
 from harness.conformance.findings import Finding, Findings, kind_order
-from harness.conformance.signatures import Attribution, attribute, late_attribution
+from harness.conformance.signatures import attribute, late_attribution
 from harness.report import CheckResult, FindingResult
-from harness.verdicts.attribution import TRAINING_METHODS, LateViolation, method_clause
+from harness.verdicts.attribution import TRAINING_METHODS, LateViolation
 
 __all__ = ["LATE_PREFIX", "SAME_FINDING_STOP", "Triage", "shrink_budget"]
 
@@ -71,13 +70,7 @@ class Triage:
 
     def attribute(self, check: Check, exc: BaseException) -> Finding:
         """Give the check's failure its clause(s) and its finding."""
-        attribution = self.findings.resolve(attribute(exc, check.clauses))
-        if not attribution.clause and not self._known(attribution, check):
-            # raised inside a strategy method: that method's clause, not all the check's
-            attribution = replace(
-                attribution, clause=method_clause(attribution.method, check.clauses)
-            )
-        attribution = self._after_load(attribution, check)
+        attribution = self.findings.settle(attribute(exc, check.clauses), check.clauses)
         clauses, blocked_by = attributed_clauses(check.clauses, attribution)
         # a training step of a job that loaded a checkpoint ran on what the load left: a
         # known load finding explains it even when the step's own clause tagged it
@@ -96,24 +89,6 @@ class Triage:
         if finding.first_check != check.id:
             check.found_in = finding.first_check
         return finding
-
-    def _after_load(self, attribution: Attribution, check: Check) -> Attribution:
-        """A training step that failed in a job that loaded a checkpoint, with no finding
-        to explain it yet, is the round trip's the check declares: the step ran on what the
-        load left (a step that breaks without a load is found by the training checks)."""
-        if attribution.method not in TRAINING_METHODS or not attribution.through:
-            return attribution
-        if self.findings.explaining(attribution) is not None:
-            return attribution
-        loaded = next((c for c in attribution.through if c in check.clauses), "")
-        return replace(attribution, clause=loaded) if loaded else attribution
-
-    def _known(self, attribution: Attribution, check: Check) -> bool:
-        """Whether a finding already explains or matches this untagged failure."""
-        return (
-            self.findings.explaining(attribution) is not None
-            or self.findings.match(attribution, check.clauses) is not None
-        )
 
     def known_finding_line(self, check: Check) -> str:
         """For a failure an earlier check's finding already explains, the one line that

@@ -14,13 +14,15 @@ from typing import Any
 
 import pytest
 
+from harness.hypothesis_compat import REPRODUCE_FAILURE_ATTRIBUTE
+
 __all__ = ["DECORATOR", "apply", "as_option", "parse"]
 
 #: Hypothesis' instruction under a failure: ``@reproduce_failure('VERSION', b'BLOB')``
 DECORATOR = re.compile(r"@reproduce_failure\(\s*'([^']*)'\s*,\s*b'([^']*)'\s*\)")
 _VALUE = re.compile(r"^(\d+(?:\.\d+)*):([A-Za-z0-9+/=]+)$")
 #: the attribute Hypothesis' ``reproduce_failure`` decorator sets on a test
-_ATTRIBUTE = "_hypothesis_internal_use_reproduce_failure"
+_ATTRIBUTE = REPRODUCE_FAILURE_ATTRIBUTE
 
 
 def as_option(text: str) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import TracebackType
 
 from harness.conformance.crash_site import OWN_DIRS, clause_at_crash, crashed_inside
+from harness.hypothesis_compat import is_wrapped_base_exception
 from harness.verdicts.attribution import (
     ROUND_TRIP_CLAUSES,
     TRAINING_METHODS,
@@ -209,7 +210,7 @@ def _leaves(exc: BaseException, flaky: bool = False) -> list[tuple[BaseException
     if isinstance(inner, tuple) and inner:
         subs = [sub for sub in inner if isinstance(sub, BaseException)]
         return [leaf for sub in subs for leaf in _leaves(sub, flaky)]
-    if type(exc).__name__ == "_WrappedBaseException" and exc.__cause__ is not None:
+    if is_wrapped_base_exception(exc) and exc.__cause__ is not None:
         exc = exc.__cause__
     return [(exc, flaky)]
 

@@ -30,6 +30,7 @@ from harness.conformance.checks import Check
 from harness.conformance.economy import REMEMBERED_IN_A_ROW, ShrinkPolicy
 from harness.conformance.signatures import is_failure
 from harness.contract import Unsupported
+from harness.hypothesis_compat import is_data_object, stop_test_type
 from harness.refusals import Refusal, skip_exception
 from harness.run.remembered import is_remembered
 from harness.run.session import current
@@ -158,12 +159,14 @@ def rejecting(
             (:mod:`harness.conformance.economy`); None runs them all.
     """
     import hypothesis
-    from hypothesis.errors import StopTest, UnsatisfiedAssumption
+    from hypothesis.errors import UnsatisfiedAssumption
+
+    StopTest = stop_test_type()
 
     @functools.wraps(inner)
     def example(*args: Any, **kwargs: Any) -> Any:
         values = (*args, *kwargs.values())
-        check.draws_in_body = any(type(v).__name__ == "DataObject" for v in values)
+        check.draws_in_body = any(is_data_object(v) for v in values)
         if policy is not None and policy.skip(check):
             hypothesis.reject()  # shrinking a known failure, or over the shrink budget
         try:

@@ -13,21 +13,23 @@ Unlike rejecting the example, it never changes what an example does, so it is sa
 that draw in their body (``st.data()``), where a rejection before the draws makes Hypothesis
 report inconsistent data generation.
 
-This reaches into Hypothesis' engine (in Hypothesis 6.1xx: ``ConjectureRunner.shrinks``,
-checked against ``MAX_SHRINKS`` whenever a smaller failing example is found, and
-``finish_shrinking_deadline``, checked after every example): when the engine is not found as
-expected, these do nothing and Hypothesis shrinks as usual.
+This reaches into Hypothesis' engine through :mod:`harness.hypothesis_compat` (the fields it
+edits and the versions they were checked on: [Note: the engine's fields] there): when the
+engine is not found as expected, these do nothing and Hypothesis shrinks as usual.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
-import sys
-import time
 from collections.abc import Iterator
-from types import FrameType
-from typing import Any
+
+from harness.hypothesis_compat import (
+    SLOW_SHRINK_WARNING,
+    end_search,
+    first_bug_found_time,
+    running_engine,
+    shrink_no_more,
+)
 
 __all__ = [
     "first_failure_time",
@@ -37,49 +39,25 @@ __all__ = [
     "stop_after_this_example",
 ]
 
-#: the start of the warning Hypothesis prints when its own shrinking deadline passes
-_SLOW_SHRINK_WARNING = "WARNING: Hypothesis has spent more than five minutes"
-
-
-def _runner() -> Any:
-    """The running ``ConjectureRunner`` on this thread's stack, or ``None``."""
-    frame: FrameType | None = sys._getframe(2)
-    while frame is not None:
-        runner: Any = frame.f_locals.get("self")
-        if type(runner).__name__ == "ConjectureRunner" and isinstance(
-            getattr(runner, "shrinks", None), int
-        ):
-            return runner
-        frame = frame.f_back
-    return None
-
 
 def shrink_once() -> bool:
     """Inside a Hypothesis run: stop generating and shrinking after this failing example.
 
     Returns whether the running engine was found (outside Hypothesis: ``False``).
     """
-    engine = sys.modules.get("hypothesis.internal.conjecture.engine")
-    limit = getattr(engine, "MAX_SHRINKS", None)
-    runner = _runner() if isinstance(limit, int) else None
-    if runner is None:
-        return False
-    runner.shrinks = max(runner.shrinks, limit)
-    return True
+    return shrink_no_more(running_engine())
 
 
 def in_engine() -> bool:
     """Whether this example runs inside Hypothesis' search (generating or shrinking), not
     in the final replay of the failing example that Hypothesis reports."""
-    return _runner() is not None
+    return running_engine() is not None
 
 
 def first_failure_time() -> float | None:
     """Inside a Hypothesis run: when (``time.monotonic()``) it found its first failing
     example, or ``None`` (none yet, or outside Hypothesis' search)."""
-    runner = _runner()
-    found = getattr(runner, "first_bug_found_time", None) if runner is not None else None
-    return found if isinstance(found, float) and math.isfinite(found) else None
+    return first_bug_found_time(running_engine())
 
 
 def stop_after_this_example() -> bool:
@@ -90,11 +68,7 @@ def stop_after_this_example() -> bool:
     reported. Its "more than five minutes" warning is then not true: run the test inside
     :func:`quiet_slow_shrinking` to drop it. Returns whether the running engine was found.
     """
-    runner = _runner()
-    if runner is None or not hasattr(runner, "finish_shrinking_deadline"):
-        return False
-    runner.finish_shrinking_deadline = time.perf_counter() - 1.0
-    return True
+    return end_search(running_engine())
 
 
 @contextlib.contextmanager
@@ -112,7 +86,7 @@ def quiet_slow_shrinking() -> Iterator[None]:
     outer = current_reporter()
 
     def reporter(value: object) -> None:
-        if str(value).startswith(_SLOW_SHRINK_WARNING):
+        if str(value).startswith(SLOW_SHRINK_WARNING):
             return
         outer(value)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.conformance.findings import KINDS
 from harness.report.outcome import Outcome
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,3 +119,5 @@ def test_the_glossary_defines_every_word_the_output_prints() -> None:
     words += ["nonconforming", "conformance-strict", "declared unsupported", "restart of the ranks"]
     missing = [w for w in words if f"**{w}**" not in glossary]
     assert missing == [], f"words the output prints without a glossary entry: {missing}"
+    kinds = [k for k in KINDS if f"`{k}`" not in glossary]  # summary.md prints each finding's
+    assert kinds == [], f"kinds of failure without a glossary entry: {kinds}"

@@ -336,7 +336,8 @@ def _split_top(text: str, separator: str) -> list[str]:
     return [*parts, text[start:]]
 
 
-#: a suite's rank job that loads a checkpoint: what trains after it trains on the load
+#: a suite's rank job that loads a checkpoint (its module or function name says so: a load,
+#: a round trip, a resume, a reshard): what trains in it may train on what a load left
 _LOADING_JOB = re.compile(r"load|round_trip|resume|reshard")
 
 
@@ -352,7 +353,7 @@ def _with_method(attribution: Attribution, traceback_text: str) -> Attribution:
         return attribution
     called = [func for file, func in frames[suite[-1] + 1 :] if not _own(file)]
     method = called[0] if called else ""
-    loads = any(_LOADING_JOB.search(frames[i][1]) for i in suite)
+    loads = any(_LOADING_JOB.search(f"{Path(frames[i][0]).name}:{frames[i][1]}") for i in suite)
     through = ROUND_TRIP_CLAUSES if method in TRAINING_METHODS and loads else ()
     return replace(attribution, method=method, through=through or attribution.through)
 

@@ -24,7 +24,8 @@ WHOLE_SPACE = ["CKPT-BUF-1", "CKPT-LOAD-2", "CKPT-RT-1", "CKPT-RT-5", "CLIP-1", 
 
 def _traceback(job: str, *frames: tuple[str, int, str]) -> str:
     lines = ["Traceback (most recent call last):"]
-    lines.append(f'  File "{SUITE}", line 281, in {job}')
+    suite = SUITE.replace("checkpoint_jobs", "resume_jobs") if job == "segment_rank" else SUITE
+    lines.append(f'  File "{suite}", line 281, in {job}')
     lines += [f'  File "{file}", line {line}, in {func}' for file, line, func in frames]
     return "\n".join(lines) + "\n"
 
@@ -71,7 +72,7 @@ def test_a_training_step_on_what_a_broken_load_left_is_blocked_by_the_loads_find
         _failure("AssertionError", "", BARE_ASSERT),
     )
     step = _traceback(
-        "resume_rank",
+        "segment_rank",  # suites/lib/ranks/resume_jobs.py's: the module says it resumes
         (MINE, 170, "optimizer_step"),
         (f"{TORCH}/optim/adam.py", 456, "_single_tensor_adam"),
     )

@@ -114,7 +114,7 @@ def summary_lines(config: pytest.Config, report: Report) -> list[str]:
                 notes.append(environment_note(clause, members).strip(" ()") + " (not run here)")
             if notes:  # a strategy that offers part of the space: say which part it left
                 lines.append(_clip(f"  {clause:<16} {'passed':<12} {'; '.join(notes)}"))
-                if split:
+                if split and set(families.values()) != {"passed"}:  # a family it left out
                     lines.append(f"  {'':<16} {'':<12} by family: {split}")
             continue
         worst = next((c for c in members if c.clause_outcome(clause) == outcome), None)

@@ -12,7 +12,10 @@
   only a combination of values raises ``Unsupported`` without ``option``. A check whose
   examples were refused from memory (or with the same refusal) :data:`REMEMBERED_IN_A_ROW`
   times in a row, none having run, is ``unsupported`` at once (Hypothesis would otherwise draw
-  hundreds more).
+  hundreds more). A method that refuses an argument of its call (an ``Unsupported`` whose
+  option is no ``StrategySpec`` field: ``load_checkpoint(..., strict=False)``) refuses every
+  example of the check alike: :data:`CALL_REFUSALS_IN_A_ROW` such refusals in a row end the
+  check, ``unsupported`` when nothing ran, else with what ran.
 
 Hypothesis has no setting for a per-failure shrink budget (only ``phases``, and its internal
 five-minute limit), so once the budget is spent the search is ended after the running example
@@ -37,6 +40,8 @@ from harness.run.shrinking import (
 from harness.verdicts.attribution import last_looked_failure
 
 __all__ = [
+    "CALL_REFUSALS_IN_A_ROW",
+    "REMEMBERED_IN_A_ROW",
     "SHRINK_SECONDS",
     "ShrinkPolicy",
     "attributed_clauses",
@@ -44,6 +49,9 @@ __all__ = [
 
 #: examples in a row refused from memory or alike, none run, before a check is unsupported
 REMEMBERED_IN_A_ROW = 20
+#: examples in a row whose call a method refused alike (``load_checkpoint(strict=False)``:
+#: the refusal does not depend on the configuration drawn) before the check stops drawing
+CALL_REFUSALS_IN_A_ROW = 3
 
 #: seconds of shrinking per failing check, by Hypothesis profile (None: Hypothesis' limits)
 SHRINK_SECONDS: dict[str, float | None] = {"ci": 20.0, "dev": 120.0, "nightly": None}

@@ -27,17 +27,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.conformance.checks import Check
-from harness.conformance.economy import REMEMBERED_IN_A_ROW, ShrinkPolicy
+from harness.conformance.economy import (
+    CALL_REFUSALS_IN_A_ROW,
+    REMEMBERED_IN_A_ROW,
+    ShrinkPolicy,
+)
 from harness.conformance.signatures import is_failure
-from harness.contract import Unsupported
+from harness.contract import Unsupported, spec_field_names
 from harness.hypothesis_compat import is_data_object, stop_test_type
 from harness.refusals import Refusal, skip_exception
 from harness.run.remembered import is_remembered
 from harness.run.session import current
+from harness.run.shrinking import stop_after_this_example
 from harness.verdicts.attribution import last_looked_failure
 
 __all__ = [
     "CheckWatch",
+    "is_call_refusal",
     "note_job_ran",
     "record_unsupported",
     "rejecting",
@@ -124,8 +130,20 @@ def _refused(check: Check, exc: Unsupported) -> None:
     check.last_refusal = description
     check.record_unsupported(description)
     check.remembered_in_a_row = check.remembered_in_a_row + 1 if same else 1
-    if check.examples_ran == 0 and check.remembered_in_a_row >= REMEMBERED_IN_A_ROW:
+    limit = CALL_REFUSALS_IN_A_ROW if is_call_refusal(exc) else REMEMBERED_IN_A_ROW
+    if check.remembered_in_a_row < limit:
+        return
+    if check.examples_ran == 0:
         raise skip_exception(check.unsupported_reason()) from None
+    if is_call_refusal(exc):
+        stop_after_this_example()  # what ran stands; more draws meet the same refusal
+
+
+def is_call_refusal(exc: Unsupported) -> bool:
+    """Whether ``exc`` refuses an argument of a call (``load_checkpoint(strict=False)``), not
+    a configuration: its option is no ``StrategySpec`` field, so every example of the check
+    that makes the call meets it, whatever configuration it drew."""
+    return exc.option is not None and exc.option not in spec_field_names() | {"family"}
 
 
 def note_job_ran() -> None:

@@ -71,7 +71,7 @@ __all__ = [
 
 #: the oldest torch the reference passes the suites on (``ci/torch_matrix.sh``); older is refused
 OLDEST = (2, 11)
-#: the newest torch the suites ran on here (README "Tested torch versions"); newer is allowed
+#: the newest torch the suites ran on here (docs/install.md, the torch matrix); newer is allowed
 NEWEST_TESTED = (2, 14)
 
 

@@ -1,8 +1,8 @@
 """The rank pool of one world size: dispatch a job, wait with deadlines, check health, heal.
 
 :class:`RankPool` is the policy, written once; a :class:`~harness.pool.transport.Transport` carries
-it out (local ranks over pipes, or torchrun's ranks over its store; see the README's
-"Architecture"). A job is sent to every rank, and the replies are polled until every rank
+it out (local ranks over pipes, or torchrun's ranks over its store; see
+docs/architecture.md). A job is sent to every rank, and the replies are polled until every rank
 answered or the cutoff passed: the job's deadline, brought forward when a rank fails (the
 others get ``failure_grace``) or, where ranks can be replaced, when a rank finished and the
 others linger (:func:`lonely_grace`) or all sit stalled in collectives

@@ -39,7 +39,7 @@ __all__ = [
 RANKS_PER_CORE = 4
 #: Memory one rank may take over a suites run (its share of torch's libraries, the FSDP and
 #: DTensor modules, the jobs' tensors): 4 ranks with torch 2.14.1 held up to 9 ranks and their
-#: forkserver at 1.8 GiB in all, about 180 MiB each (README "Options").
+#: forkserver at 1.8 GiB in all, about 180 MiB each (docs/options.md).
 RANK_MEMORY_MB = 250
 #: Ranks alive at once per ``--nproc``: the largest pool plus the pools of smaller sizes.
 POOLED_RANKS = 2

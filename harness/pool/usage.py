@@ -134,5 +134,5 @@ def leak_warning(pools: Mapping[int, PoolUsage], strategy: str) -> str:
         f"threads or files the strategy keeps); the ranks held more than their bound "
         f"{len(recycles)} time{'s' if len(recycles) != 1 else ''} (world size {sizes}) and "
         "were replaced each time. Release what a strategy creates in its teardown(), or see "
-        "docs/deadlines-and-hangs.md, 'Bounded ranks'."
+        "docs/rank-resources.md."
     )

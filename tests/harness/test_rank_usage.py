@@ -3,6 +3,7 @@ holds more than its bound is replaced (see [Note: bounded ranks] in harness.rank
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ import torch.distributed as dist
 
 import harness.torch_compat as torch_compat
 from harness import RankContext, run_on_ranks
+from harness.pool.stall import cpu_seconds
 from harness.pool.usage import PoolUsage, leak_warning, usage_line
 from harness.rank import usage as rank_usage
 from harness.rank.usage import THREAD_ALLOWANCE, UsageGuard, sample
@@ -107,3 +109,16 @@ def test_clearing_dtensor_caches_lets_go_of_meshes() -> None:
     torch_compat.clear_sharding_cache()
     assert _redistribute._planner_cache == {}
     assert _redistribute._gen_transform_infos.cache_info().currsize == 0
+
+
+def test_ranks_waiting_for_a_job_use_no_cpu() -> None:
+    """A rank between jobs blocks on its pipe and its gloo threads sleep: no busy loop,
+    also with the groups of earlier jobs still waiting for their collection."""
+    for _ in range(3):
+        assert run_on_ranks(keep_a_group, world_size=2) == [2.0, 2.0]
+    pids = current().pools[2].pids
+    before = [cpu_seconds(pid) for pid in pids]
+    time.sleep(2.0)
+    after = [cpu_seconds(pid) for pid in pids]
+    used = [b - a for a, b in zip(before, after, strict=True)]  # type: ignore[operator]
+    assert all(u < 0.1 for u in used), f"CPU seconds used in 2 s of waiting, by rank: {used}"

@@ -265,7 +265,8 @@ def attribute(exc: BaseException, own: Sequence[str] = ()) -> Attribution:
 
 def _attribute_one(exc: BaseException) -> Attribution:
     attribution = _attribute_plain(exc)
-    through = looked_through(exc) or attribution.through
+    # a suite's look through the round trip, and a training step after a load: both
+    through = tuple(dict.fromkeys(looked_through(exc) + attribution.through))
     found = difference(attribution.message) if attribution.kind == "assertion" else ""
     return replace(
         attribution, through=through, difference=found, message=headline(attribution.message)

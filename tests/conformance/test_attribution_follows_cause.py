@@ -189,3 +189,22 @@ def test_a_collective_fingerprints_sequence_number_does_not_split_a_desync() -> 
         )
 
     assert mask(fingerprint(30)) == mask(fingerprint(133))
+
+
+def test_a_looked_through_resume_step_is_the_resume_checks_round_trip() -> None:
+    from harness import looking
+
+    step = _traceback(
+        "segment_rank",
+        (MINE, 170, "optimizer_step"),
+        (f"{TORCH}/optim/adam.py", 456, "_single_tensor_adam"),
+    )
+    failure = _failure("RuntimeError", "got mixed torch.Tensor and DTensor", step, "API-4")
+    try:
+        with looking("CKPT-RT-1", "CKPT-RT-2"):  # the resume suite's look, in the controller
+            raise failure
+    except RankFailure as exc:
+        looked = exc
+    triage = Triage({})
+    resumed = _check("test_resume", ["CKPT-RT-5", "MP-3"])
+    assert triage.attribute(resumed, looked).clauses == ["CKPT-RT-5"]

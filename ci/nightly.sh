@@ -44,5 +44,8 @@ if ! python -m pytest suites/ --nproc "$nproc" --backend nccl --hypothesis-profi
     --strategy harness.adapters.lightning:make_strategy --conformance-report reports/nightly-lightning; then
     echo "Lightning adapter run: nonconforming checks, see reports/nightly-lightning/report.md"
 fi
+# the planted bugs of the independent strategies (tests/independent): each one finding under
+# its clause, on gloo ranks; the every-change job runs two of the nine
+SHARDCHECK_NIGHTLY=1 python -m pytest tests/independent -q
 # the torch matrix: every tested torch version in its own venv, reports diffed (ci profile)
 SHARDCHECK_NPROC=$nproc bash ci/torch_matrix.sh --backend nccl --hypothesis-profile=ci

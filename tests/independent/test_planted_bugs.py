@@ -1,0 +1,101 @@
+"""Each bug planted in the independent strategies is one finding, under the clause whose
+method broke, with the other clauses of its checks blocked and a headline that says what
+differs.
+
+Each case runs the checkpoint suites in a subprocess on the bug's clauses (ci profile, four
+ranks) and reads the run's report.json. Two cases run in every change (the wrong value in a
+save and the leftover scratch directory); the others are ``nightly``: together they take
+about eight minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from selfcheck_ckpt.run_suites import run_suites
+
+from independent.planted import BUGS
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What the run against one planted bug must report.
+
+    Args:
+        words: words the finding's headline holds, in its first 160 characters.
+        findings: how many findings (0: the bug is a refusal, reported ``unsupported``).
+        nightly: the case runs only in the nightly job.
+    """
+
+    words: tuple[str, ...]
+    findings: int = 1
+    nightly: bool = True
+
+
+EXPECTED = {
+    "local_shard_optimizer": Expected(("Attempting to broadcast", "expected shape"), nightly=False),
+    "bare_assert_in_load": Expected(("AssertionError with an empty message", "_check_world")),
+    "leftover_scratch": Expected(("the directory held", "ckpt.tmp-"), nightly=False),
+    "load_leaves_plain_state": Expected(("mixed torch.Tensor and DTensor",)),
+    "unsupported_from_method": Expected((), findings=0),
+    "returns_before_written": Expected(("neither a checkpoint file",)),
+    "barrier_on_rank_zero": Expected(("BARRIER",)),
+    "refuses_on_rank_zero": Expected(("refusing to replace it with a directory",)),
+    "shape_error_in_save": Expected(("stack expects each tensor to be equal size",)),
+}
+
+
+#: a clause's outcomes that say its own method broke (not ``blocked`` by another's)
+FAILING = ("failed", "desync", "hang")
+
+
+def _cases() -> list[Any]:
+    return [
+        pytest.param(bug, marks=[pytest.mark.nightly] if EXPECTED[bug].nightly else [])
+        for bug in BUGS
+    ]
+
+
+def _run(bug: str, report_dir: Path) -> dict[str, Any]:
+    clauses, _ = BUGS[bug]
+    args = [
+        *("--strategy", f"independent.planted:{bug}", "--clauses", clauses),
+        *("--nproc", "4", "--backend", "gloo", "--hypothesis-profile=ci", "-q"),
+        *("--conformance-report", str(report_dir)),
+    ]
+    result = run_suites(args, timeout=420)
+    tail = (result.stdout + result.stderr)[-3000:]
+    assert (report_dir / "report.json").is_file(), f"{bug}: no report.json\n{tail}"
+    report: dict[str, Any] = json.loads((report_dir / "report.json").read_text())
+    report["_tail"] = tail
+    return report
+
+
+@pytest.mark.timeout(480)
+@pytest.mark.parametrize("bug", _cases())
+def test_a_planted_bug_is_one_finding_under_its_clause(bug: str, tmp_path: Path) -> None:
+    _, clause = BUGS[bug]
+    expected = EXPECTED[bug]
+    report = _run(bug, tmp_path)
+    tail = report["_tail"]
+    findings = [f for f in report["findings"] if not f["late"]]
+    listed = [(f["id"], f["clauses"], f["message"][:200]) for f in findings]
+    assert len(findings) == expected.findings, f"{bug}: findings {listed}\n{tail}"
+    if expected.findings == 0:
+        assert report["clauses"][clause] == "unsupported", f"{bug}: {report['clauses']}"
+        assert report["counts"]["failed"] == 0, f"{bug}: {report['counts']}\n{tail}"
+        return
+    finding = findings[0]
+    assert finding["clauses"] == [clause], f"{bug}: {listed}"
+    assert report["clauses"][clause] in FAILING, f"{bug}: {report['clauses']}"
+    headline = finding["message"][:160]
+    for word in expected.words:
+        assert word in headline, f"{bug}: {word!r} is not in the headline {headline!r}"
+    mine = [c for c in report["checks"] if c.get("finding") == finding["id"]]
+    others = {c for check in mine for c in check["clauses"]} - {clause}
+    wrongly = {c: report["clauses"][c] for c in others if report["clauses"][c] in FAILING}
+    assert not wrongly, f"{bug}: clauses of its checks read failed: {wrongly}"

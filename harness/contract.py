@@ -52,7 +52,7 @@ __all__ = [
     "spec_field_names",
 ]
 
-FAMILIES = ("fsdp", "model_parallel")
+FAMILIES = ("fsdp", "model_parallel", "fsdp2")
 PRECISIONS = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")
 
 
@@ -63,9 +63,24 @@ class StrategySpec:
     Fields of the ``fsdp`` family use the names of the FSDPStrategy constructor, those of
     the ``model_parallel`` family the names of the ModelParallelStrategy constructor;
     ``extra`` carries everything else (``--strategy-option KEY=VALUE`` lands here too).
+
+    The three families:
+
+    - ``fsdp``: the strategy wraps the model in FSDP1 (``FullyShardedDataParallel``) units.
+    - ``model_parallel``: the strategy builds a ``data_parallel`` x ``tensor_parallel`` mesh
+      and hands it with the model to the suite's ``parallelize_fn``, which shards.
+    - ``fsdp2``: the strategy calls FSDP2's ``fully_shard`` itself, on each module its wrap
+      policy picks and on the root, with its own ``reshard_after_forward``, mixed-precision
+      policy, offload policy and mesh (1-D, or 2-D ``(replicate, shard)`` for HSDP). Named
+      after the name torch's documentation and the libraries that offer it use for
+      ``fully_shard`` (accelerate's and the transformers Trainer's ``fsdp_version: 2``), so
+      an author finds it by the name of what their strategy calls. It reads the fields the
+      ``fsdp`` family has where they mean the same (``auto_wrap_policy``,
+      ``activation_checkpointing_policy``, ``state_dict_type``, ``cpu_offload``,
+      ``device_mesh``) and adds ``reshard_after_forward``.
     """
 
-    family: Literal["fsdp", "model_parallel"]
+    family: Literal["fsdp", "model_parallel", "fsdp2"]
     rank: int
     world_size: int
     device: torch.device
@@ -77,6 +92,10 @@ class StrategySpec:
     state_dict_type: Literal["full", "sharded"] = "sharded"
     cpu_offload: bool = False
     device_mesh: tuple[int, int] | None = None  # (replicate, shard) for hybrid sharding
+    # fsdp2 family: the fields above where they mean the same (for fsdp2 an auto_wrap_policy
+    # is a set of classes or a callable fn(module) -> bool, cpu_offload a bool or an FSDP2
+    # OffloadPolicy, device_mesh (replicate, shard) asks for HSDP), and fully_shard's own:
+    reshard_after_forward: bool | int = True
     # model_parallel family: the ModelParallelStrategy constructor's names
     parallelize_fn: Callable | None = None
     data_parallel_size: int | Literal["auto"] = "auto"

@@ -3,7 +3,9 @@
 - :class:`FSDPStrategy`: FSDP1 (``FullyShardedDataParallel``) behind the strategy API.
 - :class:`ModelParallelStrategy`: a user ``parallelize_fn`` (FSDP2 and/or tensor parallel) on a
   ``data_parallel`` x ``tensor_parallel`` device mesh.
-- :func:`make_strategy`: the default ``--strategy`` plug-in, building either from a
+- :class:`FSDP2Strategy`: FSDP2 (``fully_shard``) on the units of its own wrap policy, on a
+  1-D mesh or a 2-D ``(replicate, shard)`` one (HSDP).
+- :func:`make_strategy`: the default ``--strategy`` plug-in, building any of them from a
   :class:`harness.StrategySpec`.
 - Precision plugins for ``32-true``, ``16-true``, ``bf16-true``, ``16-mixed``, ``bf16-mixed``.
 """
@@ -27,6 +29,7 @@ from reference_impl.precision import (
 )
 
 if TYPE_CHECKING:
+    from reference_impl.fsdp2 import FSDP2Strategy
     from reference_impl.model_parallel import ModelParallelStrategy
 
 __all__ = [
@@ -36,6 +39,7 @@ __all__ = [
     "FP16MixedPrecision",
     "FP16TruePrecision",
     "FP32Precision",
+    "FSDP2Strategy",
     "FSDPStrategy",
     "ModelParallelStrategy",
     "Precision",
@@ -46,7 +50,11 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # Imported lazily: the model-parallel module pulls in DTensor and FSDP2.
+    # Imported lazily: these modules pull in DTensor and FSDP2.
+    if name == "FSDP2Strategy":
+        from reference_impl.fsdp2 import FSDP2Strategy
+
+        return FSDP2Strategy
     if name == "ModelParallelStrategy":
         from reference_impl.model_parallel import ModelParallelStrategy
 

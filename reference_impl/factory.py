@@ -1,8 +1,9 @@
 """``make_strategy(spec)``: the default plug-in of shardcheck (``--strategy``, CONTRACT.md).
 
 The harness calls it on every rank with a :class:`harness.StrategySpec`. It builds the
-reference :class:`~reference_impl.fsdp.FSDPStrategy` or
-:class:`~reference_impl.model_parallel.ModelParallelStrategy` from the spec's fields (plus
+reference :class:`~reference_impl.fsdp.FSDPStrategy`,
+:class:`~reference_impl.model_parallel.ModelParallelStrategy` or
+:class:`~reference_impl.fsdp2.FSDP2Strategy` from the spec's fields (plus
 ``spec.extra`` as keyword arguments), raises :class:`harness.Unsupported` for what cannot run
 on this machine, and lets the constructors' ``ValueError``/``TypeError`` through: the suites
 check those errors through this function.
@@ -20,12 +21,14 @@ from reference_impl.fsdp_options import has_accelerator
 
 if TYPE_CHECKING:
     from reference_impl.fsdp import FSDPStrategy
+    from reference_impl.fsdp2 import FSDP2Strategy
     from reference_impl.model_parallel import ModelParallelStrategy
 
     # mypy proves the reference strategies offer the surface the suites use (harness.contract):
     # a member missing or a signature the suites cannot call is an error on these lines.
     _FSDP_CONFORMS: type[Strategy] = FSDPStrategy
     _MODEL_PARALLEL_CONFORMS: type[MeshStrategy] = ModelParallelStrategy
+    _FSDP2_CONFORMS: type[Strategy] = FSDP2Strategy
 
 __all__ = ["make_strategy"]
 
@@ -46,13 +49,17 @@ def make_strategy(spec: StrategySpec) -> Strategy:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise Unsupported("CUDA is not available on this machine", "device", str(device))
     if spec.family == "fsdp":
-        _refuse_foreign_fields(spec, _MODEL_PARALLEL_FIELDS)
+        _refuse_foreign_fields(spec, (*_MODEL_PARALLEL_FIELDS, *_FSDP2_ONLY_FIELDS))
         return _make_fsdp(spec, device)
     if spec.family == "model_parallel":
-        _refuse_foreign_fields(spec, _FSDP_FIELDS)
+        _refuse_foreign_fields(spec, (*_FSDP_FIELDS, *_FSDP2_ONLY_FIELDS))
         return _make_model_parallel(spec, device)
+    if spec.family == "fsdp2":
+        _refuse_foreign_fields(spec, ("sharding_strategy", *_MODEL_PARALLEL_FIELDS))
+        return _make_fsdp2(spec, device)
     raise ValueError(  # StrategySpec validates the family; kept for hand-built specs
-        f"StrategySpec.family={spec.family!r} is not supported; use 'fsdp' or 'model_parallel'."
+        f"StrategySpec.family={spec.family!r} is not supported; use 'fsdp', 'model_parallel' "
+        "or 'fsdp2'."
     )
 
 
@@ -64,6 +71,7 @@ _FSDP_FIELDS = (
     "cpu_offload",
     "device_mesh",
 )
+_FSDP2_ONLY_FIELDS = ("reshard_after_forward",)
 _MODEL_PARALLEL_FIELDS = (
     "parallelize_fn",
     "data_parallel_size",
@@ -85,7 +93,23 @@ def _refuse_foreign_fields(spec: StrategySpec, names: tuple[str, ...]) -> None:
 
 
 def _offloads_params(value: Any) -> bool:
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+    if isinstance(value, OffloadPolicy):  # FSDP2's: only CPUOffloadPolicy offloads
+        return isinstance(value, CPUOffloadPolicy)
     return bool(getattr(value, "offload_params", value))
+
+
+def _refuse_offload_here(value: Any, device: torch.device) -> None:
+    """CFG-6: parameter offload without an accelerator is a valid option this machine cannot
+    run (the constructors refuse it with ValueError; the factory says Unsupported first)."""
+    if _offloads_params(value) and (device.type == "cpu" or not has_accelerator()):
+        raise Unsupported(
+            "parameter offload to CPU needs the model on an accelerator; this rank's device "
+            f"is {device}",
+            "cpu_offload",
+            value,
+        )
 
 
 def _make_fsdp(spec: StrategySpec, device: torch.device) -> Strategy:
@@ -93,13 +117,7 @@ def _make_fsdp(spec: StrategySpec, device: torch.device) -> Strategy:
 
     extra = dict(spec.extra)
     cpu_offload = extra.pop("cpu_offload", spec.cpu_offload)
-    if _offloads_params(cpu_offload) and (device.type == "cpu" or not has_accelerator()):
-        raise Unsupported(
-            "parameter offload to CPU needs the model on an accelerator; this rank's device "
-            f"is {device}",
-            "cpu_offload",
-            cpu_offload,
-        )
+    _refuse_offload_here(cpu_offload, device)
     options: dict[str, Any] = {
         "precision": spec.precision,
         "sharding_strategy": spec.sharding_strategy,
@@ -127,3 +145,23 @@ def _make_model_parallel(spec: StrategySpec, device: torch.device) -> MeshStrate
     }
     options.update(spec.extra)
     return ModelParallelStrategy(**options)
+
+
+def _make_fsdp2(spec: StrategySpec, device: torch.device) -> Strategy:
+    from reference_impl.fsdp2 import FSDP2Strategy
+
+    extra = dict(spec.extra)
+    cpu_offload = extra.pop("cpu_offload", spec.cpu_offload)
+    _refuse_offload_here(cpu_offload, device)
+    options: dict[str, Any] = {
+        "precision": spec.precision,
+        "auto_wrap_policy": spec.auto_wrap_policy,
+        "reshard_after_forward": spec.reshard_after_forward,
+        "activation_checkpointing_policy": spec.activation_checkpointing_policy,
+        "state_dict_type": spec.state_dict_type,
+        "cpu_offload": cpu_offload,
+        "device_mesh": spec.device_mesh,
+        "root_device": device,
+    }
+    options.update(extra)
+    return FSDP2Strategy(**options)

@@ -266,6 +266,17 @@ def factory(
     classes = {"fsdp": fsdp_cls, "model_parallel": model_parallel_cls}
 
     def make(spec: StrategySpec) -> Strategy:
+        if spec.family == "fsdp2":
+            # [Note: no fsdp2 entry in Lightning] Lightning 2.6.6 has no strategy that calls
+            # fully_shard on units of its own wrap policy: its FSDP2 path is
+            # ModelParallelStrategy, which runs the user's parallelize_fn (the model_parallel
+            # family), and its FSDPStrategy is FSDP1.
+            raise Unsupported(
+                "Lightning has no strategy that applies fully_shard by its own wrap policy; its "
+                "FSDP2 strategy is ModelParallelStrategy (the model_parallel family)",
+                option="family",
+                value=spec.family,
+            )
         cls = classes[spec.family]
         if cls is None:
             raise Unsupported(

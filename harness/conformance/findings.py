@@ -43,7 +43,6 @@ _RACE = re.compile(r"(?:differ|not the same) (?:between|across|on every) ranks|o
 _DESYNC = re.compile(r"mismatch between collectives|collectives that do not match|desync")
 _LEFTOVER = re.compile(r"directory held|left (?:behind|beside)|partial")
 _REFUSAL = re.compile(r"nothing was raised|; expected \w+")
-_CHECKPOINT_METHODS = ("save_checkpoint", "load_checkpoint")
 
 
 def failure_kind(attribution: Attribution, clauses: list[str]) -> str:
@@ -57,10 +56,10 @@ def failure_kind(attribution: Attribution, clauses: list[str]) -> str:
         return "race between ranks"
     data = any(_DATA_CLAUSES.match(c) for c in clauses)
     if attribution.kind == "raised":
-        # a checkpoint that does not save or load back is lost; elsewhere the strategy's (or
-        # torch's) code raised where it should have worked
-        lost = data and attribution.method in _CHECKPOINT_METHODS
-        return "lost or corrupted data" if lost else "crash"
+        # a checkpoint that does not save or load back (or leaves state the next step fails
+        # on) is lost; elsewhere the strategy's (or torch's) code raised where it should
+        # have worked
+        return "lost or corrupted data" if data else "crash"
     if _LEFTOVER.search(message) and "CKPT-SAVE-6" in clauses:
         return "leftover files"
     if _REFUSAL.search(message):

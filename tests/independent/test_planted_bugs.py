@@ -78,7 +78,7 @@ def _run(bug: str, report_dir: Path) -> dict[str, Any]:
 @pytest.mark.timeout(480)
 @pytest.mark.parametrize("bug", _cases())
 def test_a_planted_bug_is_one_finding_under_its_clause(bug: str, tmp_path: Path) -> None:
-    _, clause = BUGS[bug]
+    _, accepted = BUGS[bug]
     expected = EXPECTED[bug]
     report = _run(bug, tmp_path)
     tail = report["_tail"]
@@ -86,11 +86,13 @@ def test_a_planted_bug_is_one_finding_under_its_clause(bug: str, tmp_path: Path)
     listed = [(f["id"], f["clauses"], f["message"][:200]) for f in findings]
     assert len(findings) == expected.findings, f"{bug}: findings {listed}\n{tail}"
     if expected.findings == 0:
-        assert report["clauses"][clause] == "unsupported", f"{bug}: {report['clauses']}"
+        assert report["clauses"][accepted] == "unsupported", f"{bug}: {report['clauses']}"
         assert report["counts"]["failed"] == 0, f"{bug}: {report['counts']}\n{tail}"
         return
     finding = findings[0]
-    assert finding["clauses"] == [clause], f"{bug}: {listed}"
+    assert len(finding["clauses"]) == 1, f"{bug}: {listed}"
+    clause = finding["clauses"][0]
+    assert clause in accepted.split("|"), f"{bug}: filed under {clause}, not {accepted}: {listed}"
     assert report["clauses"][clause] in FAILING, f"{bug}: {report['clauses']}"
     headline = finding["message"][:160]
     for word in expected.words:

@@ -72,9 +72,8 @@ class Progress:
         if self.write is None or finding_id in self.announced:
             return
         self.announced.add(finding_id)
+        # the whole headline: what is wrong comes first, and a cut would drop the value
         first = unprefixed(message, clauses) or "(no message)"
-        if len(first) > 160:
-            first = first[:157] + "..."
         self.write(f"shardcheck: {finding_id} new finding, {', '.join(clauses)}: {first}")
         self.write(f"  in {where}")
 

@@ -94,10 +94,8 @@ def _findings(report: Report, shown: int | None) -> list[str]:
         what = ("(late) " if f.late else "") + f.message
         first = f.checks[0] if f.checks else ""
         clauses = _clip(", ".join(f.clauses), _TEXT)
-        row = (
-            f"| {f.id} | {f.kind} | {clauses} | {_code(what)} | {_code(first)} | {len(f.checks)} |"
-        )
-        rows.append(row)
+        cells = (f.id, f.kind, clauses, _code(what, _LINE), _code(first), str(len(f.checks)))
+        rows.append("| " + " | ".join(cells) + " |")  # the headline whole, up to _LINE
     return [
         "",
         f"### Findings ({len(report.findings)}, worst kind first)",

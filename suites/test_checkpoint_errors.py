@@ -34,7 +34,7 @@ from suites.lib.ranks.checkpoint_refusal_jobs import (
 from suites.lib.shared.checkpoint_specs import ROUND_TRIP
 from suites.lib.shared.models import build_model
 
-FAMILIES = ["fsdp", "model_parallel"]
+FAMILIES = ["fsdp", "model_parallel", "fsdp2"]
 
 
 @pytest.mark.clause("CKPT-SAVE-1")

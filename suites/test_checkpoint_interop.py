@@ -60,6 +60,8 @@ from suites.lib.shared.specs import FSDPConfig, Scenario, WrapSpec
 CROSS = [
     pytest.param("fsdp", "model_parallel", id="fsdp_to_model_parallel"),
     pytest.param("model_parallel", "fsdp", id="model_parallel_to_fsdp"),
+    pytest.param("fsdp2", "fsdp", id="fsdp2_to_fsdp"),
+    pytest.param("model_parallel", "fsdp2", id="model_parallel_to_fsdp2"),
 ]
 
 

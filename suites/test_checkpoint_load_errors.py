@@ -18,7 +18,7 @@ from suites.lib.ranks.checkpoint_jobs import ERROR_SPEC
 from suites.lib.ranks.checkpoint_refusal_jobs import load_contract_rank, unpickling_rank
 from suites.lib.shared.models import build_model
 
-FAMILIES = ["fsdp", "model_parallel"]
+FAMILIES = ["fsdp", "model_parallel", "fsdp2"]
 
 
 @pytest.mark.clause("CKPT-LOAD-1")

@@ -46,6 +46,8 @@ RESHARD_CASES = [
     ("fsdp", "sharded", 2, 3),
     ("model_parallel", "sharded", 2, 4),
     ("model_parallel", "full", 4, 2),
+    ("fsdp2", "sharded", 4, 2),
+    ("fsdp2", "full", 2, 3),
 ]
 
 

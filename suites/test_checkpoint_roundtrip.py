@@ -51,7 +51,8 @@ def _param(family: str, fmt: str) -> Any:
 
 
 @pytest.mark.parametrize(
-    "family,fmt", [_param(f, m) for f in ("fsdp", "model_parallel") for m in ("full", "sharded")]
+    "family,fmt",
+    [_param(f, m) for f in ("fsdp", "model_parallel", "fsdp2") for m in ("full", "sharded")],
 )
 @examples(2)
 @given(data=st.data())

@@ -30,14 +30,17 @@ from suites.lib.ranks.checkpoint_refusal_jobs import non_strict_rank, strict_ran
 from suites.lib.shared.checkpoint_specs import CkptPlan
 from suites.lib.shared.models import ModelSpec
 
-CASES = [(f, m) for f in ("fsdp", "model_parallel") for m in ("full", "sharded")]
+CASES = [(f, m) for f in ("fsdp", "model_parallel", "fsdp2") for m in ("full", "sharded")]
 
 
 def _params(clause: str) -> list[Any]:
     marks = [pytest.mark.clause(clause)]
     return [
         pytest.param(
-            f, m, id=f"{f}-{m}", marks=marks + ([pytest.mark.clause("MP-3")] if f != "fsdp" else [])
+            f,
+            m,
+            id=f"{f}-{m}",
+            marks=marks + ([pytest.mark.clause("MP-3")] if f == "model_parallel" else []),
         )
         for f, m in CASES
     ]

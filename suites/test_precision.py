@@ -30,7 +30,11 @@ from suites.lib.ranks.training import train_rank
 from suites.lib.shared.models import build_model
 from suites.lib.shared.specs import Scenario
 
-FAMILIES = st.sampled_from(["fsdp", "model_parallel"])
+FAMILIES = st.sampled_from(["fsdp", "model_parallel", "fsdp2"])
+#: the families that apply the precision themselves (all five precisions)
+SELF_SHARDING = st.sampled_from(["fsdp", "fsdp2"])
+#: the mixed precisions of the model_parallel family's checks
+MP_PRECISIONS = ("bf16-mixed",)
 SHARDINGS = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")
 
 
@@ -69,14 +73,14 @@ def test_fp32_keeps_everything_float32(scenario: Scenario) -> None:
         lambda family: scenarios(
             family,
             sharding=SHARDINGS,
-            precisions=("bf16-mixed", "16-mixed") if family == "fsdp" else ("bf16-mixed",),
+            precisions=MP_PRECISIONS if family == "model_parallel" else ("bf16-mixed", "16-mixed"),
             optimizers=("adam", "adamw"),
         )
     )
 )
 def test_mixed_precision_keeps_float32_masters_and_computes_low(scenario: Scenario) -> None:
     outs = _check_dtypes(scenario, grads=False)
-    if scenario.family == "fsdp":
+    if scenario.family != "model_parallel":
         low = str(half_dtype(scenario.precision))
         for rank, out in enumerate(outs):
             assert out["reduce"] == [low], f"rank {rank}: FSDP reduce dtypes {out['reduce']}"
@@ -84,7 +88,11 @@ def test_mixed_precision_keeps_float32_masters_and_computes_low(scenario: Scenar
 
 @pytest.mark.clause("PREC-3")
 @given(
-    scenarios("fsdp", sharding=SHARDINGS, precisions=("bf16-true", "16-true"), optimizers=("adam",))
+    SELF_SHARDING.flatmap(
+        lambda family: scenarios(
+            family, sharding=SHARDINGS, precisions=("bf16-true", "16-true"), optimizers=("adam",)
+        )
+    )
 )
 def test_true_low_precision_creates_low_parameters_and_state(scenario: Scenario) -> None:
     _check_dtypes(scenario, grads=True)
@@ -92,13 +100,15 @@ def test_true_low_precision_creates_low_parameters_and_state(scenario: Scenario)
 
 @pytest.mark.clause("TRAIN-1", "PREC-2", "PREC-3")
 @given(
-    st.sampled_from(("bf16-mixed", "16-mixed", "bf16-true", "16-true")).flatmap(
-        lambda precision: scenarios(
-            "fsdp",
+    st.tuples(
+        st.sampled_from(("bf16-mixed", "16-mixed", "bf16-true", "16-true")), SELF_SHARDING
+    ).flatmap(
+        lambda drawn: scenarios(
+            drawn[1],
             sharding=SHARDINGS,
-            precisions=(precision,),
+            precisions=(drawn[0],),
             # fp16 Adam's second moment underflows: see suites/lib/controller/tolerances.py
-            optimizers=("sgd",) if precision == "16-true" else ("sgd", "adam", "adamw"),
+            optimizers=("sgd",) if drawn[0] == "16-true" else ("sgd", "adam", "adamw"),
             plan=train_plans(),
         )
     )
@@ -109,7 +119,11 @@ def test_low_precision_training_matches_within_its_tolerance(scenario: Scenario)
 
 
 @pytest.mark.clause("PREC-2")
-@given(scenarios("fsdp", sharding=SHARDINGS, precisions=("16-mixed",), frozen=False))
+@given(
+    SELF_SHARDING.flatmap(
+        lambda family: scenarios(family, sharding=SHARDINGS, precisions=("16-mixed",), frozen=False)
+    )
+)
 def test_grad_scaler_skips_the_step_on_every_rank(scenario: Scenario) -> None:
     outs = run(skip_rank, scenario, world_size=scenario.world_size)
     for rank, out in enumerate(outs):
@@ -124,12 +138,14 @@ def test_grad_scaler_skips_the_step_on_every_rank(scenario: Scenario) -> None:
 @pytest.mark.clause("PREC-4")
 @covering_examples("PREC-4", keep=lambda s: s.model.scale)
 @given(
-    scenarios(
-        "fsdp",
-        sharding=SHARDINGS,
-        precisions=("32-true", "bf16-mixed", "16-mixed", "bf16-true"),
-        scale=True,
-        running_stats=None,
+    SELF_SHARDING.flatmap(
+        lambda family: scenarios(
+            family,
+            sharding=SHARDINGS,
+            precisions=("32-true", "bf16-mixed", "16-mixed", "bf16-true"),
+            scale=True,
+            running_stats=None,
+        )
     )
 )
 def test_buffers_compute_low_but_are_saved_as_stored(scenario: Scenario) -> None:

@@ -37,14 +37,16 @@ from suites.lib.ranks.sharding_jobs import (
 )
 from suites.lib.ranks.training import train_rank
 from suites.lib.shared.models import BlockSpec, ModelSpec, build_model
-from suites.lib.shared.specs import ACSpec, FSDPConfig, Scenario, WrapSpec
+from suites.lib.shared.specs import ACSpec, FSDP2Config, FSDPConfig, Scenario, WrapSpec
 
 #: FSDP1 aligns every original parameter inside a flat parameter (16 bytes on CPU); this
 #: bounds the padding it may add per parameter, in elements: up to 7 of a 2-byte dtype
 #: (bf16-true, 16-true), 3 of a 4-byte one.
 ALIGN_SLACK = 8
 
-FAMILIES = st.sampled_from(["fsdp", "model_parallel"])
+FAMILIES = st.sampled_from(["fsdp", "model_parallel", "fsdp2"])
+#: the families that checkpoint activations by their own policy
+SELF_SHARDING = st.sampled_from(["fsdp", "fsdp2"])
 
 
 @pytest.mark.clause("SHARD-1")
@@ -143,18 +145,22 @@ def _check_prewrapped(scenario: Scenario) -> None:
 
 def _with_checkpointing(scenario: Scenario) -> Scenario:
     """``scenario`` with its model's richest block class checkpointed (covering examples)."""
-    assert isinstance(scenario.strategy, FSDPConfig)
+    assert isinstance(scenario.strategy, (FSDPConfig, FSDP2Config))
     ac = ACSpec("classes", richest_block(scenario.model))
     return dataclasses.replace(scenario, strategy=dataclasses.replace(scenario.strategy, ac=ac))
 
 
 @pytest.mark.clause("AC-1")
 @covering_examples("AC-1", adapt=_with_checkpointing)
-@given(scenarios("fsdp", ac=True, optimizers=("sgd",), wrap_kinds=("none", "classes")))
+@given(
+    SELF_SHARDING.flatmap(
+        lambda f: scenarios(f, ac=True, optimizers=("sgd",), wrap_kinds=("none", "classes"))
+    )
+)
 @example(AC_BLOCKS)
 def test_checkpointing_wraps_exactly_the_selected_modules(scenario: Scenario) -> None:
     config = scenario.strategy
-    assert isinstance(config, FSDPConfig)
+    assert isinstance(config, (FSDPConfig, FSDP2Config))
     expected = sorted(config.ac.expected_wrapped(build_model(scenario.model, "meta")))
     for rank, out in enumerate(run(ac_rank, scenario, world_size=scenario.world_size)):
         assert not out["nested"], f"rank {rank}: checkpoint wrappers nested: {out['nested']}"
@@ -179,7 +185,11 @@ def test_checkpointing_leaves_an_already_checkpointed_model_alone() -> None:
 
 @pytest.mark.clause("AC-2")
 @covering_examples("AC-2", adapt=_with_checkpointing)
-@given(scenarios("fsdp", ac=True, wrap_kinds=("none", "classes"), plan=train_plans()))
+@given(
+    SELF_SHARDING.flatmap(
+        lambda f: scenarios(f, ac=True, wrap_kinds=("none", "classes"), plan=train_plans())
+    )
+)
 @example(AC_BLOCKS)
 def test_checkpointing_changes_no_numbers(scenario: Scenario) -> None:
     # Gradients are compared where the ranks can read them as the plain model has them: under

@@ -55,7 +55,9 @@ from suites.lib.shared.arguments import DECLARED
 from suites.lib.shared.models import make_batch
 from suites.lib.shared.specs import Scenario, TrainPlan
 
-FAMILIES = st.sampled_from(["fsdp", "model_parallel"])
+FAMILIES = st.sampled_from(["fsdp", "model_parallel", "fsdp2"])
+#: the families that shard by their own wrap policy
+SELF_SHARDING = st.sampled_from(["fsdp", "fsdp2"])
 SHARDED = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
 #: the norm types CLIP-1 speaks of (harness.clauses.ARGUMENTS), as clip_gradients_norm takes them
 NORM_TYPES = tuple(float(value) for value in DECLARED["norm_type"])
@@ -81,13 +83,14 @@ def _clipped(scenario: Scenario) -> Scenario:
 
 
 def _clip_precisions(scenario: Scenario) -> bool:
-    """The precisions the clipping check draws: fp32 and, for fsdp, the scaled 16-mixed."""
-    allowed = ("32-true", "16-mixed") if scenario.family == "fsdp" else ("32-true",)
+    """The precisions the clipping check draws: fp32 and, but for model_parallel, the scaled
+    16-mixed."""
+    allowed = ("32-true", "16-mixed") if scenario.family != "model_parallel" else ("32-true",)
     return scenario.precision in allowed
 
 
 @pytest.mark.clause("TRAIN-1")
-@given(scenarios("fsdp", plan=train_plans(max_steps=2)))
+@given(SELF_SHARDING.flatmap(lambda family: scenarios(family, plan=train_plans(max_steps=2))))
 @example(TRAIN_ZOO)
 def test_training_matches_the_unsharded_model(scenario: Scenario) -> None:
     results = run(train_rank, scenario, world_size=scenario.world_size)
@@ -190,7 +193,7 @@ def test_accumulating_micro_batches_equals_one_big_batch(scenario: Scenario) -> 
 
 @pytest.mark.clause("SYNC-1", "CLIP-1")
 @pytest.mark.parametrize("which", ["no_backward_sync", "clip_gradients_norm"])
-@pytest.mark.parametrize("family", ["fsdp", "model_parallel"])
+@pytest.mark.parametrize("family", ["fsdp", "model_parallel", "fsdp2"])
 def test_a_module_that_is_not_a_sharded_root_is_refused(family: str, which: str) -> None:
     clause_id = "SYNC-1" if which == "no_backward_sync" else "CLIP-1"
     for rank, outcome in enumerate(run(type_error_rank, family, which, world_size=job_world())):
@@ -209,7 +212,7 @@ def test_a_module_that_is_not_a_sharded_root_is_refused(family: str, which: str)
         lambda family: scenarios(
             family,
             sharding=SHARDING_STRATEGIES,
-            precisions=("32-true", "16-mixed") if family == "fsdp" else ("32-true",),
+            precisions=("32-true", "16-mixed") if family != "model_parallel" else ("32-true",),
             plan=_clip_arguments(train_plans(clip=True)),
         )
     )

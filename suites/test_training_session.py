@@ -222,6 +222,9 @@ class TrainingSession(SessionDriver, RuleBasedStateMachine):
 #: rule runs in the scripted session and every axis value in the short covering sessions
 #: (test_training_session_across_the_space), so the drawn ones are there to mix them
 SESSION_SHARE = 0.5
+#: the families whose sessions are drawn (the fsdp2 family's training and checkpoint
+#: clauses run in the other suites; its session machine is not written yet)
+SESSION_FAMILIES = ("fsdp", "model_parallel")
 #: most rules per session after the warm-up steps
 SESSION_STEPS = 8
 #: seconds the check may take, per session; the scripted session counts as two. On 2 CPU
@@ -237,7 +240,7 @@ def _sessions() -> int:
 
 
 @pytest.mark.clause("TRAIN-4", "CKPT-RT-4", "CKPT-RT-6")
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", SESSION_FAMILIES)
 @pytest.mark.timeout(max(300, SECONDS_PER_SESSION * (_sessions() + 2)))
 def test_training_session_tracks_the_plain_twin(family: str) -> None:
     # the moments the scripted session saves at, in its sharded format (after a step and a
@@ -253,7 +256,7 @@ def test_training_session_tracks_the_plain_twin(family: str) -> None:
     )
     drawn = time.monotonic() - began
     scripted_session(TrainingSession, family)  # after: a failure found by drawing is shrunk
-    counts = {f: {r: COUNTS[(f, r)] for r in RULES} for f in FAMILIES}
+    counts = {f: {r: COUNTS[(f, r)] for r in RULES} for f in SESSION_FAMILIES}
     precisions = {p: COUNTS[(family, f"precision {p}")] for p in PRECISIONS[family]}
     print(
         f"TRAIN-4 session rules run, starting from {family}: {counts}; "

@@ -103,8 +103,8 @@ def test_argument_rows_take_every_value_of_the_scope_in_as_few_rows_as_the_wides
 
 def test_the_argument_cover_takes_every_value_on_each_family_where_shards_are_reduced() -> None:
     cover = argument_cover(WORLDS, "CLIP-1")
-    assert len(cover) == 2 * len(argument_rows("CLIP-1"))
-    for family in ("fsdp", "model_parallel"):
+    assert len(cover) == 3 * len(argument_rows("CLIP-1"))
+    for family in ("fsdp", "model_parallel", "fsdp2"):
         mine = [s for s in cover if s.family == family]
         assert {s.plan.norm_type for s in mine} == {2.0, 1.0, math.inf, 1.5}
         assert all(s.shard_factor >= 2 for s in mine)

@@ -26,7 +26,7 @@ from suites.lib.controller.covering import (
 from suites.lib.controller.scenarios import valid_wrap
 from suites.lib.shared.axes import scenario_axes
 from suites.lib.shared.models import tp_widths
-from suites.lib.shared.specs import FSDPConfig, MPConfig
+from suites.lib.shared.specs import FSDP2Config, FSDPConfig, MPConfig
 
 WORLDS = (1, 2, 3, 4)
 
@@ -36,7 +36,7 @@ def test_the_rows_take_every_pair_of_the_space_and_are_far_fewer_than_the_candid
     taken = set().union(*(pairs_of(row.axes()) for row in rows))
     assert taken == universe(WORLDS)
     assert len(rows) < len(candidates(WORLDS)) // 20
-    assert {row.scenario.family for row in rows} == {"fsdp", "model_parallel"}
+    assert {row.scenario.family for row in rows} == {"fsdp", "model_parallel", "fsdp2"}
     assert {row.fmt for row in rows} == {"full", "sharded"}
 
 
@@ -48,7 +48,8 @@ def test_the_space_holds_every_value_the_suites_draw_on_the_main_axes() -> None:
     assert values["world_size"] == {"1", "2", "3", "4"}
     assert values["precision"] == {"32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true"}
     assert {"FULL_SHARD", "NO_SHARD", "HYBRID_SHARD", "dp+tp", "tp", "dp"} <= values["sharding"]
-    assert {"none", "size", "callable", "fully_shard root only"} <= values["wrap"]
+    assert {"none", "size", "callable", "fully_shard root only", "module_fn"} <= values["wrap"]
+    assert {"hsdp", "reshard to 2", "no reshard after forward"} <= values["sharding"]
     assert values["model"] == {
         "Block",
         "NestedBlock",
@@ -70,7 +71,7 @@ def test_rows_are_valid_configurations_with_stable_distinct_ids() -> None:
     for row in rows:
         s = row.scenario
         assert s.model in COVER_MODELS
-        if isinstance(s.strategy, FSDPConfig):
+        if isinstance(s.strategy, (FSDPConfig, FSDP2Config)):
             assert valid_wrap(s.model, s.strategy.wrap), row.id
             mesh = s.strategy.device_mesh
             assert mesh is None or mesh[0] * mesh[1] == s.world_size, row.id
@@ -108,11 +109,11 @@ def test_a_value_cover_takes_every_value_of_the_clause_scope_in_few_scenarios() 
     assert {s.family for s in shard} == {"fsdp"}
     # at least the widest axis (six fsdp wrap kinds); preferring cheap rows may add one
     assert 6 <= len(shard) <= 7
-    both = value_cover(WORLDS, "TRAIN-1")  # no scope: both families, ten wrap kinds
+    both = value_cover(WORLDS, "TRAIN-1")  # no scope: three families, eleven wrap kinds
     assert _values(list(both), {}) == {
         axis: values for axis, values in values_of(universe(WORLDS)).items() if axis != "checkpoint"
     }
-    assert 10 <= len(both) <= 12  # at least the ten wrap kinds; cheap rows may add some
+    assert 11 <= len(both) <= 16  # at least the eleven wrap kinds; cheap rows may add some
     assert value_cover(WORLDS, "TRAIN-1") == both  # deterministic
 
 

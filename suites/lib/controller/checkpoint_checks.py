@@ -201,7 +201,9 @@ def convert_offline(src: str | os.PathLike[str], dst: str | os.PathLike[str]) ->
 def check_on_disk(plan: CkptPlan, path: str) -> None:
     """MP-3 / ``state_dict_type``: the format on disk is the one asked for; a full file
     holds the plain model's keys (CKPT-BUF-1) and stateful metadata as a dict (CKPT-SAVE-4)."""
-    option = "state_dict_type" if plan.save.family == "fsdp" else "save_distributed_checkpoint"
+    option = (
+        "save_distributed_checkpoint" if plan.save.family == "model_parallel" else "state_dict_type"
+    )
     where = f"MP-3: {plan.save.family} with {option} for the {plan.fmt} format"
     if plan.fmt == "sharded":
         assert Path(path).is_dir() and (Path(path) / ".metadata").is_file(), (

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from suites.lib.controller.scenarios import (
     MP_UNIT_CLASSES,
     available_world_sizes,
+    fsdp2_configs,
     fsdp_configs,
     scenarios,
     smallest_world,
@@ -35,7 +36,7 @@ from suites.lib.shared.specs import MPConfig, Scenario
 
 __all__ = ["FAMILIES", "PRECISIONS", "ckpt_plans", "load_scenarios", "world_pairs"]
 
-FAMILIES = ("fsdp", "model_parallel")
+FAMILIES = ("fsdp", "model_parallel", "fsdp2")
 
 
 #: precisions whose master state is fp32 and that both families run
@@ -77,6 +78,8 @@ def load_scenarios(
     spec = _fresh(save.model)
     if family == "fsdp":
         config: Any = draw(fsdp_configs(world, spec, precisions=(save.precision,)))
+    elif family == "fsdp2":
+        config = draw(fsdp2_configs(world, spec, precisions=(save.precision,)))
     else:
         ffn = [b.ffn for b in spec.blocks] + ([spec.shared_ffn] if spec.shared else [])
         shapes = [m for m in _shapes(world) if all(w % m[1] == 0 for w in tp_widths(spec))]

@@ -41,7 +41,7 @@ from suites.lib.controller.scenarios import available_world_sizes
 from suites.lib.shared.arguments import DRAWN, carried_arguments, with_arguments
 from suites.lib.shared.axes import scenario_axes
 from suites.lib.shared.checkpoint_specs import FORMATS, META_KINDS, CkptPlan
-from suites.lib.shared.specs import FSDPConfig, MPConfig, Scenario
+from suites.lib.shared.specs import FSDP2Config, FSDPConfig, MPConfig, Scenario, StrategyConfig
 
 __all__ = [
     "argument_cover",
@@ -146,7 +146,7 @@ def argument_cover(
     scope = dict(CLAUSES[clause].scope)
     split = min(2, max(worlds))
     per_family = []
-    for family in scope.get("family", ("fsdp", "model_parallel")):
+    for family in scope.get("family", ("fsdp", "model_parallel", "fsdp2")):
         bases = value_cover(
             worlds,
             clause,
@@ -276,8 +276,15 @@ def reshard_plan(row: CoverRow) -> CkptPlan | None:
     if not others:
         return None
     world = max(others)
-    config: FSDPConfig | MPConfig
-    if isinstance(save.strategy, FSDPConfig):
+    config: StrategyConfig
+    if isinstance(save.strategy, FSDP2Config):
+        mesh = save.strategy.device_mesh
+        config = dataclasses.replace(
+            save.strategy,
+            reshard_after_forward=True,
+            device_mesh=hybrid_mesh("HYBRID_SHARD", world) if mesh and world > 1 else None,
+        )
+    elif isinstance(save.strategy, FSDPConfig):
         strategy = save.strategy.sharding_strategy
         if "HYBRID" in strategy and world < 2:
             strategy = "FULL_SHARD"
@@ -293,13 +300,16 @@ def reshard_plan(row: CoverRow) -> CkptPlan | None:
 
 
 def other_family_plan(row: CoverRow) -> CkptPlan:
-    """:func:`round_trip_plan` of ``row`` (a full checkpoint) loaded into the other family at
-    the same world size, with that family's plainest options: FULL_SHARD without a policy,
-    or data parallel over the whole world with the root as the only ``fully_shard`` unit."""
+    """:func:`round_trip_plan` of ``row`` (a full checkpoint) loaded into another family at
+    the same world size, with that family's plainest options: FULL_SHARD without a policy
+    (from model_parallel and fsdp2), or data parallel over the whole world with the root as
+    the only ``fully_shard`` unit (from fsdp)."""
     plan = round_trip_plan(row)
     save = plan.save
-    config: FSDPConfig | MPConfig
-    if isinstance(save.strategy, FSDPConfig):
+    config: StrategyConfig
+    if isinstance(save.strategy, FSDP2Config):
+        config = FSDPConfig(precision=save.precision)
+    elif isinstance(save.strategy, FSDPConfig):
         config = MPConfig(
             data_parallel_size=save.world_size,
             tensor_parallel_size=1,

@@ -5,7 +5,7 @@ its few draws are always the same few, and nothing guarantees that they reach a 
 values (a NO_SHARD clip, a 16-true sharded checkpoint). This module declares the space
 instead:
 
-- :func:`candidates` enumerates concrete scenarios of both families over the main axes of
+- :func:`candidates` enumerates concrete scenarios of the three families over the main axes of
   :mod:`suites.lib.shared.axes` (sharding strategy and mesh, precision, wrap kind, world
   size, checkpoint format, and the model zoo's kinds through :data:`COVER_MODELS`), each valid
   as the suites draw them (a hybrid mesh divides the world, tensor-parallel widths divide the
@@ -32,11 +32,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.conformance.coverage import pairs_of
-from suites.lib.controller.scenarios import MP_PRECISIONS, SHARDING_STRATEGIES, valid_wrap
+from suites.lib.controller.scenarios import (
+    MP_PRECISIONS,
+    SHARDING_STRATEGIES,
+    fsdp2_reshards,
+    valid_wrap,
+)
 from suites.lib.shared.axes import scenario_axes
 from suites.lib.shared.checkpoint_specs import FORMATS
 from suites.lib.shared.models import BlockSpec, ModelSpec, build_model, tp_widths
 from suites.lib.shared.specs import (
+    FSDP2Config,
     FSDPConfig,
     MPConfig,
     OptimSpec,
@@ -104,6 +110,7 @@ COVER_MODELS: tuple[ModelSpec, ...] = (
 )
 
 FSDP_WRAPS = ("none", "classes", "module_wrap_policy", "custom_policy", "size", "callable")
+FSDP2_WRAPS = ("none", "classes", "module_fn", "size")
 MP_CLASS_SETS: tuple[tuple[str, ...], ...] = ((), ("Block",), ("NestedBlock",), ("AttentionBlock",))
 
 Pair = tuple[str, str, str, str]
@@ -125,6 +132,10 @@ class CoverRow:
         if isinstance(s.strategy, FSDPConfig):
             mesh = "x".join(map(str, s.strategy.device_mesh)) if s.strategy.device_mesh else ""
             layout = s.strategy.sharding_strategy + (f"({mesh})" if mesh else "")
+            wrap = s.strategy.wrap.kind
+        elif isinstance(s.strategy, FSDP2Config):
+            mesh = "x".join(map(str, s.strategy.device_mesh)) if s.strategy.device_mesh else ""
+            layout = f"hsdp({mesh})" if mesh else f"raf{s.strategy.reshard_after_forward}"
             wrap = s.strategy.wrap.kind
         else:
             layout = f"dp{s.strategy.data_parallel_size}xtp{s.strategy.tensor_parallel_size}"
@@ -223,6 +234,48 @@ def _fsdp_candidates(worlds: Sequence[int]) -> Iterator[Scenario]:
                         )
 
 
+@functools.cache
+def _drawable(model: ModelSpec, wrap: WrapSpec) -> bool:
+    """:func:`~suites.lib.controller.scenarios.valid_wrap`, once per pair (it builds the
+    model)."""
+    return valid_wrap(model, wrap)
+
+
+def _fsdp2_layouts(world: int) -> Iterator[tuple[bool | int, tuple[int, int] | None]]:
+    """``(reshard_after_forward, mesh)`` of the fsdp2 family at ``world`` ranks: every
+    reshard value on a 1-D mesh, and HSDP (replicas x shard group) where the world splits."""
+    for reshard in fsdp2_reshards(world, None):
+        yield reshard, None
+    mesh = hybrid_mesh("HYBRID_SHARD", world)
+    if world > 1 and mesh is not None and mesh[0] > 1:
+        yield True, mesh
+
+
+def _fsdp2_candidates(worlds: Sequence[int]) -> Iterator[Scenario]:
+    index = 0
+    for world in worlds:
+        for reshard, mesh in _fsdp2_layouts(world):
+            for precision in FSDP_COVER_PRECISIONS:
+                for wrap in FSDP2_WRAPS:
+                    for model in COVER_MODELS:
+                        index += 1
+                        wrap_spec = _fsdp_wrap(wrap, model)
+                        if not _drawable(model, wrap_spec):
+                            continue
+                        yield Scenario(
+                            world_size=world,
+                            model=model,
+                            strategy=FSDP2Config(
+                                wrap=wrap_spec,
+                                reshard_after_forward=reshard,
+                                precision=precision,
+                                device_mesh=mesh,
+                            ),
+                            optim=_optim(precision, index),
+                            plan=_plan(precision, index),
+                        )
+
+
 def _mp_candidates(worlds: Sequence[int]) -> Iterator[Scenario]:
     index = 0
     for world in worlds:
@@ -253,9 +306,9 @@ def _mp_candidates(worlds: Sequence[int]) -> Iterator[Scenario]:
 
 
 def candidates(worlds: Sequence[int]) -> list[CoverRow]:
-    """Every concrete configuration of both families at the world sizes ``worlds``, in each
-    checkpoint format."""
-    scenarios = [*_fsdp_candidates(worlds), *_mp_candidates(worlds)]
+    """Every concrete configuration of the three families at the world sizes ``worlds``, in
+    each checkpoint format."""
+    scenarios = [*_fsdp_candidates(worlds), *_mp_candidates(worlds), *_fsdp2_candidates(worlds)]
     return [CoverRow(s, fmt) for s in scenarios for fmt in FORMATS]
 
 
@@ -277,6 +330,8 @@ def relative_cost(scenario: Scenario) -> float:
     model_parallel at 2-4 ranks and 3.1 s on a (2, 2) mesh."""
     cost = float(scenario.world_size)
     strategy = scenario.strategy
+    if isinstance(strategy, FSDP2Config) and scenario.world_size > 1:
+        cost *= 1.5 if strategy.device_mesh is None else 2.0
     if isinstance(strategy, MPConfig) and scenario.world_size > 1:
         cost *= 2.0
         if strategy.data_parallel_size > 1 and strategy.tensor_parallel_size > 1:

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from suites.lib.shared.models import BLOCK_KINDS, BlockSpec, ModelSpec, build_model
 from suites.lib.shared.specs import (
     ACSpec,
+    FSDP2Config,
     FSDPConfig,
     MPConfig,
     OptimSpec,
@@ -35,6 +36,7 @@ __all__ = [
     "ac_specs",
     "available_world_sizes",
     "examples",
+    "fsdp2_configs",
     "fsdp_configs",
     "job_world",
     "max_world_size",
@@ -61,6 +63,9 @@ ALL_PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
 FSDP_PRECISIONS = ALL_PRECISIONS
 MP_PRECISIONS = ("32-true", "bf16-mixed")
 WRAP_CLASSES = ("Block", "NestedBlock", "AttentionBlock", "Scale")
+#: the wrap policy kinds the fsdp2 family is drawn with: a set of classes, a
+#: ``fn(module) -> bool``, and an FSDP1-style size policy
+FSDP2_WRAP_KINDS = ("none", "classes", "module_fn", "size")
 #: zoo classes the model_parallel family may give their own ``fully_shard``
 MP_UNIT_CLASSES = ("Block", "NestedBlock", "AttentionBlock")
 
@@ -439,6 +444,37 @@ def fsdp_configs(
     )
 
 
+def fsdp2_reshards(world_size: int, mesh: tuple[int, int] | None) -> tuple[bool | int, ...]:
+    """The ``reshard_after_forward`` values valid on ``world_size`` ranks (and ``mesh``):
+    True, False, and every int that divides the shard dim strictly between 1 and it."""
+    shard = mesh[1] if mesh is not None else world_size
+    return (True, False, *(n for n in range(2, shard) if shard % n == 0))
+
+
+@st.composite
+def fsdp2_configs(
+    draw: st.DrawFn,
+    world_size: int,
+    spec: ModelSpec,
+    *,
+    precisions: Sequence[str] = ("32-true",),
+    wrap_kinds: Sequence[str] = FSDP2_WRAP_KINDS,
+    hsdp: bool | None = None,
+    ac: bool = False,
+) -> FSDP2Config:
+    """Options of the fsdp2 family: a wrap policy, ``reshard_after_forward``, and HSDP on a
+    ``(replicate, shard)`` mesh of the world (``hsdp``: force, forbid, or either)."""
+    use_mesh = (draw(st.booleans()) if hsdp is None else hsdp) and world_size > 1
+    mesh = draw(meshes(world_size).filter(lambda m: m[0] > 1)) if use_mesh else None
+    return FSDP2Config(
+        wrap=draw(wrap_specs(spec, [k for k in wrap_kinds if k in FSDP2_WRAP_KINDS])),
+        reshard_after_forward=draw(st.sampled_from(fsdp2_reshards(world_size, mesh))),
+        ac=draw(ac_specs(spec, allow_none=False)) if ac else ACSpec(),
+        precision=draw(st.sampled_from(tuple(precisions))),
+        device_mesh=mesh,
+    )
+
+
 @st.composite
 def mp_configs(
     draw: st.DrawFn, world_size: int, *, precisions: Sequence[str] = ("32-true",)
@@ -480,7 +516,7 @@ def scenarios(
     shared: bool | None = None,
     running_stats: bool | None = False,
 ) -> Scenario:
-    """A whole scenario of ``family`` (``fsdp`` or ``model_parallel``); keyword arguments
+    """A whole scenario of ``family`` (``fsdp``, ``model_parallel`` or ``fsdp2``); keyword arguments
     restrict what is drawn (see the part strategies; ``attention=False`` keeps a long check
     on the smaller MLP-only models)."""
     world = world_size if world_size is not None else draw(world_sizes(min_world))
@@ -495,7 +531,7 @@ def scenarios(
         shared=shared,
         running_stats=running_stats,
     )
-    config: FSDPConfig | MPConfig
+    config: FSDPConfig | MPConfig | FSDP2Config
     if family == "model_parallel":
         mp = draw(
             mp_configs(
@@ -512,8 +548,14 @@ def scenarios(
                 world, spec, sharding=sharding, precisions=precisions, wrap_kinds=wrap_kinds, ac=ac
             )
         )
+    elif family == "fsdp2":
+        spec = draw(shaped_models())
+        kinds = [k for k in (wrap_kinds or FSDP2_WRAP_KINDS) if k in FSDP2_WRAP_KINDS]
+        config = draw(
+            fsdp2_configs(world, spec, precisions=precisions, wrap_kinds=kinds or ("none",), ac=ac)
+        )
     else:
-        raise ValueError(f"scenarios(family={family!r}): use 'fsdp' or 'model_parallel'.")
+        raise ValueError(f"scenarios(family={family!r}): use 'fsdp', 'model_parallel' or 'fsdp2'.")
     drawn_plan = draw(plan if plan is not None else train_plans())
     if config.precision == "16-mixed":  # see TrainPlan.loss_scale
         drawn_plan = dataclasses.replace(drawn_plan, loss_scale=1 / 256)

@@ -37,7 +37,14 @@ from suites.lib.shared.checkpoint_specs import (
 )
 from suites.lib.shared.files import files_digest
 from suites.lib.shared.models import BlockSpec, ModelSpec, build_model, clean_name
-from suites.lib.shared.specs import FSDPConfig, MPConfig, OptimSpec, Scenario, TrainPlan
+from suites.lib.shared.specs import (
+    FSDP2Config,
+    FSDPConfig,
+    MPConfig,
+    OptimSpec,
+    Scenario,
+    TrainPlan,
+)
 
 __all__ = [
     "ERROR_SPEC",
@@ -63,7 +70,7 @@ def format_options(family: str, fmt: str) -> dict[str, Any]:
     """The strategy option that selects checkpoint format ``fmt`` for ``family``."""
     if fmt not in FORMATS:
         raise ValueError(f"fmt={fmt!r} is not a checkpoint format; use one of {FORMATS}.")
-    if family == "fsdp":
+    if family in ("fsdp", "fsdp2"):
         return {"state_dict_type": fmt}
     return {"save_distributed_checkpoint": fmt == "sharded"}
 
@@ -176,10 +183,13 @@ ERROR_SPEC = ModelSpec(hidden=4, blocks=(BlockSpec(ffn=4),), scale=True, seed=3)
 
 
 def error_scenario(family: str, world: int = 2) -> Scenario:
-    """A small scenario: FULL_SHARD, or tensor parallel over the world (DTensor parameters)."""
+    """A small scenario: FULL_SHARD, fully_shard over the world (fsdp2), or tensor parallel
+    over the world (DTensor parameters)."""
     config: Any = (
         FSDPConfig("FULL_SHARD")
         if family == "fsdp"
+        else FSDP2Config()
+        if family == "fsdp2"
         else MPConfig(data_parallel_size=1, tensor_parallel_size=world, tp_plan="mlp")
     )
     return Scenario(world, ERROR_SPEC, config, OptimSpec("adam", lr=0.01), TrainPlan(steps=1))

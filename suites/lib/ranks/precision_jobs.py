@@ -11,6 +11,7 @@ import torch
 
 from harness import RankContext
 from suites.lib.ranks.cuda_jobs import expected_index
+from suites.lib.ranks.fsdp2_readers import reduce_dtypes
 from suites.lib.ranks.readers import gathered_state, local
 from suites.lib.ranks.training import (
     Trained,
@@ -38,6 +39,7 @@ def dtype_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
         policy = getattr(module, "mixed_precision", None)  # FSDP1 units
         if policy is not None and hasattr(policy, "reduce_dtype"):
             reduce.add(str(policy.reduce_dtype))
+    reduce.update(reduce_dtypes(t.model))  # FSDP2 units (fsdp2 and model_parallel)
     out["reduce"] = sorted(reduce)
     end(t.strategy)
     return out

@@ -19,7 +19,7 @@ from suites.lib.ranks.training import RankResult, end, micro_step, setup
 from suites.lib.shared.arguments import arguments, passes
 from suites.lib.shared.models import build_model, clean_name
 from suites.lib.shared.parallelize import parallelize_zoo
-from suites.lib.shared.specs import FSDPConfig, Scenario
+from suites.lib.shared.specs import FSDP2Config, FSDPConfig, Scenario
 
 __all__ = [
     "FINITE_MAX_NORM",
@@ -148,10 +148,13 @@ def nonfinite_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
     # real replicas would be; sharded ones only on one rank that holds any gradient, so that
     # the other ranks must learn of it from the collective norm: inf on the first such rank,
     # nan on the last (a MAX reduction of gloo drops a nan that is not rank 0's)
-    replicated = isinstance(scenario.strategy, FSDPConfig) and (
-        scenario.strategy.sharding_strategy == "NO_SHARD"
-        or "HYBRID" in scenario.strategy.sharding_strategy
-    )
+    replicated = (
+        isinstance(scenario.strategy, FSDPConfig)
+        and (
+            scenario.strategy.sharding_strategy == "NO_SHARD"
+            or "HYBRID" in scenario.strategy.sharding_strategy
+        )
+    ) or (isinstance(scenario.strategy, FSDP2Config) and scenario.strategy.device_mesh is not None)
     out: dict[str, Any] = {}
     # the ordinary case first: a clip that scales finite gradients wrongly is that finding,
     # not the non-finite cases' different gradients after it

@@ -10,18 +10,31 @@ plugin counts the pairs of values exercised by the jobs of passing checks
 
 from __future__ import annotations
 
-from suites.lib.shared.specs import FSDPConfig, Scenario
+from suites.lib.shared.specs import FSDP2Config, FSDPConfig, Scenario
 
-__all__ = ["AXES", "MOMENTS", "moment_pairs", "scenario_axes"]
+__all__ = ["AXES", "MOMENTS", "fsdp2_layout", "moment_pairs", "scenario_axes"]
 
 #: the axes, in the order the coverage table shows them
 AXES = ("family", "sharding", "precision", "wrap", "world_size", "checkpoint", "model", "moment")
+
+
+def fsdp2_layout(config: FSDP2Config) -> str:
+    """The fsdp2 family's value on the sharding axis: HSDP on a 2-D mesh, else what
+    ``reshard_after_forward`` does after a forward."""
+    if config.device_mesh is not None:
+        return "hsdp"
+    raf = config.reshard_after_forward
+    if isinstance(raf, bool):
+        return "reshard after forward" if raf else "no reshard after forward"
+    return f"reshard to {raf}"
 
 
 def _sharding(scenario: Scenario) -> str:
     strategy = scenario.strategy
     if isinstance(strategy, FSDPConfig):
         return strategy.sharding_strategy
+    if isinstance(strategy, FSDP2Config):
+        return fsdp2_layout(strategy)
     dp, tp = strategy.data_parallel_size, strategy.tensor_parallel_size
     if dp > 1 and tp > 1:
         return "dp+tp"
@@ -30,7 +43,7 @@ def _sharding(scenario: Scenario) -> str:
 
 def _wrap(scenario: Scenario) -> str:
     strategy = scenario.strategy
-    if isinstance(strategy, FSDPConfig):
+    if isinstance(strategy, (FSDPConfig, FSDP2Config)):
         return strategy.wrap.kind
     return "fully_shard " + ("+".join(sorted(strategy.fsdp_classes)) or "root only")
 

@@ -24,16 +24,26 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ACSpec",
+    "FSDP2Config",
     "FSDPConfig",
     "MPConfig",
     "OptimSpec",
     "Scenario",
+    "StrategyConfig",
     "TrainPlan",
     "WrapSpec",
     "select_by_class",
 ]
 
-WRAP_KINDS = ("none", "classes", "module_wrap_policy", "custom_policy", "size", "callable")
+WRAP_KINDS = (
+    "none",
+    "classes",
+    "module_wrap_policy",
+    "custom_policy",
+    "size",
+    "callable",
+    "module_fn",
+)
 AC_KINDS = ("none", "classes", "module_wrap_policy", "callable")
 
 
@@ -103,17 +113,20 @@ def _build_policy(
         return CustomPolicy(functools.partial(_lambda_by_class, classes=classes))
     if kind == "size":
         return functools.partial(_size_policy, min_num_params=min_num_params)
+    if kind == "module_fn":  # FSDP2's form: fn(module) -> bool
+        return functools.partial(_lambda_by_class, classes=classes)
     return functools.partial(select_by_class, classes=classes)  # "callable"
 
 
 @dataclass(frozen=True)
 class WrapSpec:
-    """An FSDP1 auto-wrap policy as data.
+    """An auto-wrap policy as data (FSDP1's, and the fsdp2 family's).
 
     Args:
         kind: ``none``; ``classes`` (a set of classes); ``module_wrap_policy`` /
             ``custom_policy`` (policy objects); ``size`` (size-based, ``min_num_params``);
-            ``callable`` (a ``(module, recurse, nonwrapped_numel)`` function by class name).
+            ``callable`` (a ``(module, recurse, nonwrapped_numel)`` function by class name);
+            ``module_fn`` (a ``fn(module) -> bool`` by class name: FSDP2's form).
         classes: zoo class names for the class-based kinds.
         min_num_params: threshold of the size-based policy.
     """
@@ -328,6 +341,48 @@ class MPConfig:
 
 
 @dataclass(frozen=True)
+class FSDP2Config:
+    """Options of the ``fsdp2`` family (a strategy that applies ``fully_shard`` itself), as
+    data.
+
+    Args:
+        wrap: the policy whose modules get their own ``fully_shard`` before the root.
+        reshard_after_forward: ``True``, ``False``, or the int size to reshard to.
+        ac: the activation-checkpointing policy.
+        precision: one of the five precision strings.
+        device_mesh: ``(replicate, shard)`` for HSDP; None: one shard dim over the world.
+        extra: other options, as ``(name, value)`` pairs.
+    """
+
+    wrap: WrapSpec = field(default_factory=WrapSpec)
+    reshard_after_forward: bool | int = True
+    ac: ACSpec = field(default_factory=ACSpec)
+    precision: str = "32-true"
+    device_mesh: tuple[int, int] | None = None
+    extra: tuple[tuple[str, Any], ...] = ()
+
+    family = "fsdp2"
+
+    def options(self) -> dict[str, Any]:
+        """Keyword arguments for ``ctx.make_strategy("fsdp2", **options)`` (on a rank)."""
+        opts: dict[str, Any] = {
+            "precision": self.precision,
+            "auto_wrap_policy": self.wrap.build(),
+            "reshard_after_forward": self.reshard_after_forward,
+            "activation_checkpointing_policy": self.ac.build(),
+        }
+        if self.device_mesh is not None:
+            opts["device_mesh"] = self.device_mesh
+        if self.extra:
+            opts["extra"] = dict(self.extra)
+        return opts
+
+
+#: a scenario's strategy options, of any family
+StrategyConfig = FSDPConfig | MPConfig | FSDP2Config
+
+
+@dataclass(frozen=True)
 class Scenario:
     """One drawn configuration: world, model, strategy options, optimizer, training plan.
 
@@ -342,14 +397,14 @@ class Scenario:
 
     world_size: int
     model: ModelSpec
-    strategy: FSDPConfig | MPConfig
+    strategy: StrategyConfig
     optim: OptimSpec = field(default_factory=OptimSpec)
     plan: TrainPlan = field(default_factory=TrainPlan)
     empty_init: bool = False
 
     @property
     def family(self) -> str:
-        """``fsdp`` or ``model_parallel``."""
+        """``fsdp``, ``model_parallel`` or ``fsdp2``."""
         return self.strategy.family
 
     @property
@@ -367,10 +422,13 @@ class Scenario:
     @property
     def shard_factor(self) -> int:
         """How many ranks split one parameter: FSDP1's shard group (1 under ``NO_SHARD``, the
-        mesh's inner size under hybrid sharding), FSDP2's data-parallel size."""
+        mesh's inner size under hybrid sharding), FSDP2's data-parallel size (the fsdp2
+        family: the mesh's shard dim)."""
         config = self.strategy
         if isinstance(config, MPConfig):
             return config.data_parallel_size
+        if isinstance(config, FSDP2Config):
+            return config.device_mesh[1] if config.device_mesh else self.world_size
         if config.sharding_strategy == "NO_SHARD":
             return 1
         return config.device_mesh[1] if config.device_mesh else self.world_size

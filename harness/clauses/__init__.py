@@ -16,6 +16,7 @@ from __future__ import annotations
 from harness.clauses.api_and_training import API, CONSTRUCTION, SHARDING, TRAINING
 from harness.clauses.arguments import ARGUMENT_AXES, ARGUMENTS, Argument
 from harness.clauses.checkpoints import CHECKPOINTS, MODEL_PARALLEL
+from harness.clauses.fsdp2 import FSDP2
 from harness.clauses.registry import Clause, Section, UnknownClauseError, build_index, match_ids
 
 __all__ = [
@@ -37,11 +38,12 @@ __all__ = [
 #: What the whole contract assumes; shown above the sections.
 PREAMBLE = (
     "A conforming strategy is one object per rank, made by a factory from a `StrategySpec`, "
-    "that offers the surface Lightning Fabric's strategies made common. Two families are "
-    "covered: **fsdp**, built on `torch.distributed.fsdp.FullyShardedDataParallel` (FSDP1), and "
+    "that offers the surface Lightning Fabric's strategies made common. Three families are "
+    "covered: **fsdp**, built on `torch.distributed.fsdp.FullyShardedDataParallel` (FSDP1); "
     "**model_parallel**, which gives the model and a 2-D device mesh (`data_parallel` x "
     "`tensor_parallel`) to a user `parallelize_fn` applying FSDP2 `fully_shard` and/or tensor "
-    "parallelism. Every clause names the exception a conforming strategy raises, and the "
+    "parallelism; and **fsdp2**, which applies `fully_shard` itself by its own wrap policy "
+    "(section 7). Every clause names the exception a conforming strategy raises, and the "
     "message names the offending value or key. *Equal* means bitwise for state that only moved "
     "between processes or files, and within the suites' tolerance table (precision x optimizer) "
     "for anything computed again. A configuration the strategy does not support is answered "
@@ -53,7 +55,15 @@ PREAMBLE = (
 )
 
 #: The sections in order.
-SECTIONS: tuple[Section, ...] = (API, CONSTRUCTION, SHARDING, TRAINING, CHECKPOINTS, MODEL_PARALLEL)
+SECTIONS: tuple[Section, ...] = (
+    API,
+    CONSTRUCTION,
+    SHARDING,
+    TRAINING,
+    CHECKPOINTS,
+    MODEL_PARALLEL,
+    FSDP2,
+)
 
 #: ``{id: Clause}`` in contract order.
 CLAUSES: dict[str, Clause] = build_index(SECTIONS)
@@ -77,7 +87,7 @@ def clause_text(clause_id: str) -> str:
 
 
 def clauses_of(*numbers: int) -> tuple[str, ...]:
-    """The clause ids of the given sections (1-6), in order.
+    """The clause ids of the given sections (1-7), in order.
 
     Raises:
         ValueError: a section number the contract does not have.

@@ -163,3 +163,25 @@ def test_bf16_mixed_policy() -> None:
     """Parameters in forward and the reduction in bf16; sharded gradients stay float32."""
     results = run_on_ranks(rank_mixed_precision, world_size=2)
     assert results == [("torch.bfloat16", "torch.bfloat16", "torch.float32")] * 2
+
+
+def test_the_fsdp2_example_factory_builds_and_refuses() -> None:
+    """examples/my_fsdp2.py: builds an FSDP2Strategy from an fsdp2 spec, refuses the other
+    families with Unsupported and another family's field with ValueError naming it."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "my_fsdp2.py"
+    loader = importlib.util.spec_from_file_location("my_fsdp2", path)
+    assert loader is not None and loader.loader is not None
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    cpu = torch.device("cpu")
+    built = module.make_strategy(
+        StrategySpec("fsdp2", 0, 1, cpu, auto_wrap_policy={Block}, reshard_after_forward=False)
+    )
+    assert isinstance(built, FSDP2Strategy) and built.reshard_after_forward is False
+    with pytest.raises(Unsupported, match="family=fsdp"):
+        module.make_strategy(StrategySpec("fsdp", 0, 1, cpu))
+    with pytest.raises(ValueError, match=r"sharding_strategy='NO_SHARD' is not an option"):
+        module.make_strategy(StrategySpec("fsdp2", 0, 1, cpu, sharding_strategy="NO_SHARD"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import subprocess
 
 import torch
 
@@ -113,15 +114,25 @@ def _in_collective(line: int) -> str:
 
 
 def test_stall_needs_two_equal_samples_in_collectives_without_cpu() -> None:
-    me = os.getpid()
-    assert cpu_seconds(me) is not None
-    probe = StallProbe(next_at=0.0, every=3.0)
-    assert not probe.sample(10.0, {0: _in_collective(5)}, [me])  # one sample: not yet
-    assert probe.next_at == 13.0
-    assert probe.sample(13.0, {0: _in_collective(5)}, [me])  # same stack, idle
-    assert not probe.sample(16.0, {0: _in_collective(6)}, [me])  # it moved
-    assert not probe.sample(19.0, {0: '  File "/home/me/job.py", line 6 in job\n'}, [me])
-    assert not probe.sample(22.0, {0: _in_collective(6)}, [me])  # not in a collective before
+    sleeper = subprocess.Popen(["sleep", "60"])  # a process that waits: no CPU, not runnable
+    try:
+        rank = sleeper.pid
+        assert cpu_seconds(rank) is not None
+        probe = StallProbe(next_at=0.0, every=3.0)
+        assert not probe.sample(10.0, {0: _in_collective(5)}, [rank])  # one sample: not yet
+        assert probe.next_at == 13.0
+        assert probe.sample(13.0, {0: _in_collective(5)}, [rank])  # same stack, idle
+        assert not probe.sample(16.0, {0: _in_collective(6)}, [rank])  # it moved
+        assert not probe.sample(19.0, {0: '  File "/home/me/job.py", line 6 in job\n'}, [rank])
+        assert not probe.sample(22.0, {0: _in_collective(6)}, [rank])  # not in one before
+        # this process runs (its thread is runnable in both samples): starved, not stuck
+        me = os.getpid()
+        busy = StallProbe(next_at=0.0, every=3.0)
+        assert not busy.sample(10.0, {0: _in_collective(5)}, [me])
+        assert not busy.sample(13.0, {0: _in_collective(5)}, [me])
+    finally:
+        sleeper.kill()
+        sleeper.wait()
 
 
 def test_rank_warnings_of_one_shape_are_folded_under_the_first() -> None:

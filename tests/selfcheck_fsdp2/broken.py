@@ -1,0 +1,95 @@
+"""The reference FSDP2 strategy with one FSDP2-specific bug each (``--strategy
+selfcheck_fsdp2.broken:<factory>``); ``test_planted_fsdp2_bugs.py`` runs the fsdp2 suite
+against each on the clause it breaks. The other families are left out (``Unsupported``)."""
+
+from __future__ import annotations
+
+from typing import Any
+from unittest import mock
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
+
+import reference_impl
+from harness.contract import StrategySpec, Unsupported
+from reference_impl import fsdp2 as fsdp2_module
+from reference_impl.fsdp2 import FSDP2Strategy
+
+__all__ = [
+    "hsdp_replicas_never_all_reduce",
+    "ignores_reshard_after_forward",
+    "leaves_a_unit_unwrapped",
+    "reduces_in_float32",
+]
+
+
+def _reference(spec: StrategySpec) -> FSDP2Strategy:
+    if spec.family != "fsdp2":
+        raise Unsupported("the planted bugs are FSDP2's", "family", spec.family)
+    strategy = reference_impl.make_strategy(spec)
+    assert isinstance(strategy, FSDP2Strategy)
+    return strategy
+
+
+def _as(strategy: FSDP2Strategy, bug: type) -> Any:
+    cls = type(f"{bug.__name__}FSDP2Strategy", (bug, FSDP2Strategy), {})
+    broken: Any = object.__new__(cls)
+    broken.__dict__.update(strategy.__dict__)
+    return broken
+
+
+class _SkipsFirstUnit:
+    """The first module of the wrap policy is never given its own ``fully_shard``."""
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        def fewer(root: nn.Module, policy: Any) -> list[nn.Module]:
+            return fsdp2_units_of(root, policy)[1:]
+
+        with mock.patch.object(fsdp2_module, "units_of", fewer):
+            return super().setup_module(module)  # type: ignore[misc]
+
+
+fsdp2_units_of = fsdp2_module.units_of
+
+
+def leaves_a_unit_unwrapped(spec: StrategySpec) -> Any:
+    """FSDP2-1: one unit of the policy left unwrapped."""
+    return _as(_reference(spec), _SkipsFirstUnit)
+
+
+def ignores_reshard_after_forward(spec: StrategySpec) -> Any:
+    """FSDP2-2: every unit reshards after forward, whatever ``reshard_after_forward`` says."""
+    strategy = _reference(spec)
+    strategy.reshard_after_forward = True
+    return strategy
+
+
+class _ReducesInFloat32:
+    """The mixed-precision policy keeps the low parameter dtype but reduces in float32."""
+
+    @property
+    def mp_policy(self) -> MixedPrecisionPolicy:
+        low = self.precision.compute_dtype  # type: ignore[attr-defined]
+        return MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
+
+
+def reduces_in_float32(spec: StrategySpec) -> Any:
+    """FSDP2-4: gradients reduced in float32 under a mixed precision."""
+    return _as(_reference(spec), _ReducesInFloat32)
+
+
+class _NoReplicaAllReduce:
+    """HSDP units reduce-scatter within the shard group but never all-reduce across replicas."""
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        result = super().setup_module(module)  # type: ignore[misc]
+        for sub in result.modules():
+            if isinstance(sub, FSDPModule):
+                sub.set_requires_all_reduce(False, recurse=False)
+        return result
+
+
+def hsdp_replicas_never_all_reduce(spec: StrategySpec) -> Any:
+    """FSDP2-3: the replicas of an HSDP mesh train apart."""
+    return _as(_reference(spec), _NoReplicaAllReduce)

@@ -1,0 +1,46 @@
+"""Each planted FSDP2 bug (``selfcheck_fsdp2/broken.py``) fails its own fsdp2 clause.
+
+Each inner run selects the checks of that clause only (``--clauses``), stops at the first
+failure (``-x``) and does not shrink (Hypothesis profile ``selfcheck``); it must fail, and
+the conformance summary must list the clause as ``failed``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from selfcheck_ckpt.run_suites import run_suites
+
+#: factory in selfcheck_fsdp2.broken -> the clause it breaks
+PLANTED = {
+    "leaves_a_unit_unwrapped": "FSDP2-1",
+    "ignores_reshard_after_forward": "FSDP2-2",
+    "hsdp_replicas_never_all_reduce": "FSDP2-3",
+    "reduces_in_float32": "FSDP2-4",
+}
+
+
+@pytest.mark.parametrize("factory", sorted(PLANTED))
+def test_planted_fsdp2_bug_fails_its_clause(factory: str) -> None:
+    clause = PLANTED[factory]
+    args = [
+        "--strategy",
+        f"selfcheck_fsdp2.broken:{factory}",
+        "--clauses",
+        clause,
+        "-x",
+        "--nproc",
+        "4",
+        "--hypothesis-profile=selfcheck",
+        "-q",
+    ]
+    result = run_suites(args, timeout=170, suites=["suites/test_fsdp2.py"])
+    output = result.stdout + result.stderr
+    tail = output[-4000:]
+    assert result.returncode == 1, (
+        f"{factory}: the suite did not fail (rc={result.returncode})\n{tail}"
+    )
+    line = re.search(rf"^\s+{re.escape(clause)}\s+(\S+)\s+(\S+): (.*)$", output, re.MULTILINE)
+    assert line is not None, f"{factory}: no summary line for {clause}\n{tail}"
+    assert line.group(1) == "failed", f"{factory}: {clause} is {line.group(1)}, not failed\n{tail}"

@@ -250,7 +250,7 @@ def load_expected_failures(path: str | None) -> dict[str, str]:
     return entries
 
 
-_FAMILY_WORDS = {"fsdp": "fsdp", "model_parallel": "model_parallel"}
+_FAMILY_WORDS = {"fsdp": "fsdp", "model_parallel": "model_parallel", "fsdp2": "fsdp2"}
 
 
 def clauses_of(item: pytest.Item) -> list[str]:
@@ -269,7 +269,8 @@ def clauses_of(item: pytest.Item) -> list[str]:
 
 def family_of(item: pytest.Item, clauses: list[str]) -> str:
     """The family a check is about: its ``family`` parameter, a family word in its parameter
-    id, or its clauses' prefix (``MP-``: model_parallel); ``""`` for a check of both."""
+    id, or its clauses' prefix (``MP-``: model_parallel, ``FSDP2-``: fsdp2); ``""`` for a
+    check of several."""
     params = getattr(getattr(item, "callspec", None), "params", {})
     if params.get("family") in _FAMILY_WORDS:
         return str(params["family"])
@@ -277,10 +278,13 @@ def family_of(item: pytest.Item, clauses: list[str]) -> str:
     joined = item.nodeid.partition("[")[2]
     if "model_parallel" in joined:
         return "model_parallel"
-    if "fsdp" in words:
-        return "fsdp"
+    for word in ("fsdp2", "fsdp"):  # a row id or parameter id that starts with its family
+        if word in words:
+            return word
     if clauses and all(c.startswith("MP-") for c in clauses):
         return "model_parallel"
+    if clauses and all(c.startswith("FSDP2-") for c in clauses):
+        return "fsdp2"
     return ""
 
 

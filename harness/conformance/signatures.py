@@ -65,6 +65,9 @@ _MASKS = (
     (re.compile(r"\(rtol=.*$"), "(TOLERANCE)"),
     (re.compile(r"torch\.Size\(\[[^\]]*\]\)"), "SHAPE"),
     (re.compile(r"\[[\d,\s]+\]"), "SHAPE"),
+    # a list of three names or more (parameters, keys): the same wrong answer whichever
+    # model showed it (shorter lists are what is wrong: a leftover file, a missing key)
+    (re.compile(r"\[(?:'[^']*', ){2,}'[^']*'\]"), "[NAMES]"),
     (re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?!\w)"), "N"),
 )
 _KEY_CHARS = 160

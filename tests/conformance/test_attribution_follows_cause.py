@@ -208,3 +208,13 @@ def test_a_looked_through_resume_step_is_the_resume_checks_round_trip() -> None:
     triage = Triage({})
     resumed = _check("test_resume", ["CKPT-RT-5", "MP-3"])
     assert triage.attribute(resumed, looked).clauses == ["CKPT-RT-5"]
+
+
+def test_lists_of_names_do_not_split_a_finding() -> None:
+    def state_for(names: list[str]) -> str:
+        return f"TRAIN-4: 4 steps: read 1: optimizer state for {names}, the plain one for []"
+
+    many = mask(state_for(["blocks.0.fc1.bias", "blocks.0.fc1.weight", "head.weight"]))
+    assert many == mask(state_for(["inp.bias", "inp.weight", "head.bias", "head.weight"]))
+    assert "optimizer state for [NAMES]" in many
+    assert "['inp.bias']" in mask(state_for(["inp.bias"]))  # one name is what is wrong

@@ -136,6 +136,8 @@ def run(config: pytest.Config, started_at: datetime, wall_time_s: float) -> dict
         "heals": [heal.as_dict() for heal in session_of(config).heals],
         # per world size, each rank's threads, memory and open files (harness.pool.usage)
         "resources": {str(n): u.as_dict() for n, u in sorted(session_of(config).usage.items())},
+        # per world size, why job cutoffs moved on while ranks worked (harness.pool.progress)
+        "cutoffs_moved": {str(n): m for n, m in sorted(session_of(config).cutoffs_moved.items())},
         # the command, shardcheck's commit and the machine: what a published figure cites
         **provenance(config),
     }

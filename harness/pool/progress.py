@@ -44,6 +44,7 @@ __all__ = [
     "MachineLoad",
     "Sample",
     "machine_load",
+    "moved_line",
     "progress",
     "take_sample",
 ]
@@ -162,3 +163,18 @@ def progress(before: Sample, after: Sample, own_ranks: int | None = None) -> str
         if steal >= STEAL:
             return f"the machine is overloaded ({steal:.0%} of CPU time stolen)"
     return ""
+
+
+def moved_line(moved: Mapping[int, Sequence[str]]) -> str:
+    """One line for the end of the run: how often job cutoffs moved on because the ranks
+    still worked, per world size, with the first reason (``""`` when none did)."""
+    counts = {size: len(why) for size, why in sorted(moved.items()) if why}
+    if not counts:
+        return ""
+    first = next(why[0] for _, why in sorted(moved.items()) if why)
+    sizes = ", ".join(f"world size {size}: {n}" for size, n in counts.items())
+    total = sum(counts.values())
+    return (
+        f"job cutoffs moved on {total} time{'s' if total != 1 else ''} while ranks still "
+        f"worked ({sizes}; the first because {first})"
+    )

@@ -85,6 +85,9 @@ class RankPool:
         self.heals: list[str] = []
         #: what the ranks held over the run (see [Note: bounded ranks] in harness.rank.usage)
         self.usage = PoolUsage()
+        #: why each job cutoff moved on because its ranks still worked (see [Note: slow is
+        #: not hung] in harness.pool.progress), in order
+        self.cutoffs_moved: list[str] = []
 
     def take_heals(self) -> list[str]:
         """The causes of the generations that ended early since the last call (then
@@ -254,6 +257,7 @@ class RankPool:
                 step = max(EXTENSION_FLOOR, deadline - began)
                 cutoff, before = min(limit, time.monotonic() + step), None
                 moved.append(working)
+                self.cutoffs_moved.append(working)
                 continue
             if patient and before is None and now >= cutoff - WINDOW:
                 before = self._sample(token, pending)

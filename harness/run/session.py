@@ -105,6 +105,8 @@ class HarnessSession:
         self.heals: list[Heal] = []  # restarts of the ranks, see [Note: heals are counted]
         #: what the ranks of each world size held, over every pool of the session
         self.usage: dict[int, PoolUsage] = {}
+        #: why job cutoffs moved on while the ranks still worked, per world size
+        self.cutoffs_moved: dict[int, list[str]] = {}
         self.universe: set[tuple[str, str, str, str]] = set()  # declared configuration pairs
 
     # -- settings -------------------------------------------------------------------------
@@ -178,6 +180,7 @@ class HarnessSession:
         transport = kind.open(self.config, world_size, self.session_root())
         pool = self.pools[world_size] = RankPool(settings, transport)
         pool.usage = self.usage.setdefault(world_size, PoolUsage())
+        pool.cutoffs_moved = self.cutoffs_moved.setdefault(world_size, [])
         return pool
 
     def warm_up(self) -> None:

@@ -17,6 +17,7 @@ import pytest
 from hypothesis.errors import Unsatisfiable
 
 from harness.pool.heals import describe_heals
+from harness.pool.progress import moved_line
 from harness.pool.usage import leak_warning, usage_line
 from harness.refusals import EnvironmentRefusal
 from harness.run.session import HarnessSession, activate, deactivate
@@ -99,6 +100,9 @@ class SessionPlugin:
         conformance summary and findings."""
         for line in describe_heals(self.session.heals):  # see [Note: heals are counted]
             terminalreporter.write_line(line if line.startswith(" ") else f"shardcheck: {line}")
+        moved = moved_line(self.session.cutoffs_moved)  # see [Note: slow is not hung]
+        if moved:
+            terminalreporter.write_line(f"shardcheck: {moved}")
         usage = usage_line(self.session.usage)  # see [Note: bounded ranks]
         if usage:
             terminalreporter.write_line(f"shardcheck: {usage}")

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from harness import RankContext, run_on_ranks
-from harness.pool.progress import OVERLOAD, MachineLoad, Sample, progress
+from harness.pool.progress import OVERLOAD, MachineLoad, Sample, moved_line, progress
+from harness.run.session import current
 from harness.verdicts.failures import CollectiveHang
 
 C10D = "/venv/torch/distributed/distributed_c10d.py"
@@ -84,8 +85,20 @@ def sleep_for(ctx: RankContext, seconds: float) -> int:
 def test_ranks_that_compute_past_their_deadline_finish() -> None:
     run_on_ranks(compute_for, 0.0, world_size=2)  # the pool is up: time the job only
     start = time.monotonic()
+    moved = current().cutoffs_moved.setdefault(2, [])
+    before = len(moved)
     assert run_on_ranks(compute_for, 6.0, world_size=2, timeout=3.0) == [0, 1]
     assert 6.0 <= time.monotonic() - start < 14.0
+    assert len(moved) == before + 1 and "s of CPU in" in moved[-1]  # counted, with why
+
+
+def test_the_end_of_run_line_counts_moved_cutoffs_per_world_size() -> None:
+    assert moved_line({2: [], 4: []}) == ""
+    line = moved_line({2: ["rank 0 used 0.50 s of CPU in 2.0 s"], 4: ["x", "y"]})
+    assert line == (
+        "job cutoffs moved on 3 times while ranks still worked (world size 2: 1, world size "
+        "4: 2; the first because rank 0 used 0.50 s of CPU in 2.0 s)"
+    )
 
 
 def test_ranks_that_neither_run_nor_wait_for_a_core_are_hung_at_the_deadline() -> None:

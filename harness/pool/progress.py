@@ -112,16 +112,16 @@ def take_sample(
     pids: Sequence[int],
     dump: Callable[[Sequence[int]], Mapping[int, str]],
 ) -> Sample:
-    """Sample ``ranks`` (``pids`` by rank; ``dump`` returns their stacks by rank)."""
+    """Sample ``ranks`` (``pids`` by rank; ``dump`` returns their stacks by rank).
+
+    CPU time and runnable threads are read before the stacks are asked for: the rank's
+    thread that writes its stacks is woken to do so, runs, and uses CPU."""
     known = [r for r in ranks if r < len(pids)]
+    cpu = {r: cpu_seconds(pids[r]) for r in known}
+    runnable = {r: runnable_threads(pids[r]) for r in known}
+    load = machine_load()
     stacks = dump(ranks)
-    return Sample(
-        at,
-        {r: cpu_seconds(pids[r]) for r in known},
-        {r: tidy_stacks(stacks.get(r, "")) for r in ranks},
-        {r: runnable_threads(pids[r]) for r in known},
-        machine_load(),
-    )
+    return Sample(at, cpu, {r: tidy_stacks(stacks.get(r, "")) for r in ranks}, runnable, load)
 
 
 def progress(before: Sample, after: Sample, own_ranks: int | None = None) -> str:

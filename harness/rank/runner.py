@@ -261,7 +261,7 @@ class JobRunner:
         seen: set[int] = set()
         while error is not None and id(error) not in seen:  # its cause and context too
             seen.add(id(error))
-            error.__traceback__ = None
+            error.with_traceback(None)  # not an assignment: frozen dataclass errors refuse one
             error = error.__cause__ or error.__context__
         return Event(kind, job_id, self.rank, report, self.usage.after_job())
 

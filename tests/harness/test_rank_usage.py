@@ -4,6 +4,7 @@ holds more than its bound is replaced (see [Note: bounded ranks] in harness.rank
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from harness.pool.usage import PoolUsage, leak_warning, usage_line
 from harness.rank import usage as rank_usage
 from harness.rank.usage import THREAD_ALLOWANCE, UsageGuard, sample
 from harness.run.session import current
-from harness.verdicts.outcomes import Outcome
+from harness.verdicts.outcomes import Outcome, RankFailure
 from harness.wire.protocol import Usage
 
 #: groups a job of this module keeps alive, as a strategy with a module-level cache would
@@ -122,3 +123,26 @@ def test_ranks_waiting_for_a_job_use_no_cpu() -> None:
     after = [cpu_seconds(pid) for pid in pids]
     used = [b - a for a, b in zip(before, after, strict=True)]  # type: ignore[operator]
     assert all(u < 0.1 for u in used), f"CPU seconds used in 2 s of waiting, by rank: {used}"
+
+
+@dataclass(frozen=True)
+class FrozenError(Exception):
+    """An exception type that refuses attribute assignment (its ``__traceback__`` too)."""
+
+    what: str
+
+
+def raise_frozen(ctx: RankContext) -> None:
+    raise FrozenError(f"rank {ctx.rank} refused")
+
+
+def test_a_job_error_that_refuses_assignment_still_comes_back_as_raised() -> None:
+    """The runner drops a job error's frames before reading the rank's usage: an exception
+    that is a frozen dataclass must come back as itself, not crash the rank."""
+    with pytest.raises(RankFailure) as info:
+        run_on_ranks(raise_frozen, world_size=2)
+    for rank, outcome in enumerate(info.value.outcomes):
+        assert outcome.kind == "raised", outcome
+        assert outcome.error is not None and f"rank {rank} refused" in str(outcome.error)
+        assert outcome.usage is not None and outcome.usage.threads > 0
+    assert run_on_ranks(threads_now, world_size=2)[0] > 0  # the ranks were not replaced

@@ -53,10 +53,13 @@ _MASKS = (
     (re.compile(r"0x[0-9a-fA-F]+"), "0x?"),
     # random parts of names: one leftover file is one finding whichever name it drew
     (re.compile(r"\b[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}\b"), "UUID"),
-    (re.compile(r"(?<=[-_.])(?:[0-9a-f]{8}|[0-9a-f]{32}|(?=[0-9a-f]*\d)[0-9a-f]{6,})\b"), "HEX"),
+    (
+        re.compile(r"(?<=[A-Za-z][-_.])(?:[0-9a-f]{8}|[0-9a-f]{32}|(?=[0-9a-f]*\d)[0-9a-f]{6,})\b"),
+        "HEX",
+    ),
     (re.compile(r"\btmp[a-z0-9_]{8}\b"), "TMPDIR"),
     # counters glued to words (torch's collective fingerprints: "SequenceNumber=30OpType")
-    (re.compile(r"(?<==)\d+|\b\d+(?=vs\b)"), "N"),
+    (re.compile(r"(?<==)\d+(?=[A-Za-z])|\b\d+(?=vs\b)"), "N"),
     # a device mesh's printed shape and names: "meshes differ" is one error whichever meshes
     (re.compile(r"DeviceMesh\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\)"), "MESH"),
     (re.compile(r"(?:/[\w.@+-]+){2,}/?"), "PATH"),

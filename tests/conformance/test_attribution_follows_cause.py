@@ -218,3 +218,11 @@ def test_lists_of_names_do_not_split_a_finding() -> None:
     assert many == mask(state_for(["inp.bias", "inp.weight", "head.bias", "head.weight"]))
     assert "optimizer state for [NAMES]" in many
     assert "['inp.bias']" in mask(state_for(["inp.bias"]))  # one name is what is wrong
+
+
+def test_decimals_are_numbers_not_random_names() -> None:
+    def clip(max_norm: str, factor: str) -> str:
+        return f"scaled by 1 in clip(max_norm={max_norm}), torch scales by {factor} (rtol=1)"
+
+    assert mask(clip("0.05", "0.0138267")) == mask(clip("0.001", "0.000276534"))
+    assert "max_norm=N)" in mask(clip("0.05", "0.0138267"))

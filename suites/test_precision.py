@@ -167,6 +167,10 @@ def test_buffers_compute_low_but_are_saved_as_stored(scenario: Scenario) -> None
                 f"rank {rank}: the state dict holds {name!r} as {out['layout'].get(name)}, "
                 f"stored as {(dtype, tuple(b.shape))}"
             )
+            assert out["written"].get(name) == (dtype, tuple(b.shape)), (
+                f"rank {rank}: the full checkpoint file holds {name!r} as "
+                f"{out['written'].get(name)}, stored as {(dtype, tuple(b.shape))}"
+            )
         for name, count in out["counters"].items():  # one training forward: one update
             expected = start[name] + int(name.endswith("num_batches_tracked"))
             assert_close(count, expected, EXACT, name=f"rank {rank}: counter {name!r}")

@@ -21,6 +21,7 @@ __all__ = [
     "ignores_reshard_after_forward",
     "leaves_a_unit_unwrapped",
     "reduces_in_float32",
+    "writes_running_var_low",
 ]
 
 
@@ -93,3 +94,38 @@ class _NoReplicaAllReduce:
 def hsdp_replicas_never_all_reduce(spec: StrategySpec) -> Any:
     """FSDP2-3: the replicas of an HSDP mesh train apart."""
     return _as(_reference(spec), _NoReplicaAllReduce)
+
+
+class _WritesRunningVarLow:
+    """A full save under a mixed precision writes every BatchNorm ``running_var`` in the
+    compute dtype (the class of pytorch#93391: a module's second floating buffer left in the
+    low dtype); a load casts it back, so only the file as written shows it."""
+
+    def save_checkpoint(self, path: Any, state: dict, *args: Any, **kwargs: Any) -> None:
+        super().save_checkpoint(path, state, *args, **kwargs)  # type: ignore[misc]
+        precision = self.precision  # type: ignore[attr-defined]
+        if not self._full_checkpoint or not precision.is_mixed:  # type: ignore[attr-defined]
+            return
+        if torch.distributed.get_rank() == 0:
+            content = torch.load(path, weights_only=True)
+            for key in [k for k in content if isinstance(content[k], dict)]:
+                for name, value in content[key].items():
+                    if name.endswith("running_var"):
+                        content[key][name] = value.to(precision.compute_dtype)
+            torch.save(content, path)
+        torch.distributed.barrier()
+
+
+def writes_running_var_low(spec: StrategySpec) -> Any:
+    """PREC-4: running variances written in the compute dtype (fsdp and fsdp2 families)."""
+    if spec.family == "model_parallel":
+        raise Unsupported("the planted bug is the self-sharding families'", "family", spec.family)
+    reference = reference_impl.make_strategy(spec)
+    cls = type(
+        f"_WritesRunningVarLow{type(reference).__name__}",
+        (_WritesRunningVarLow, type(reference)),
+        {},
+    )
+    broken: Any = object.__new__(cls)
+    broken.__dict__.update(reference.__dict__)
+    return broken

@@ -5,11 +5,13 @@ scaler's skipped step, the buffers' compute and saved dtypes.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 
 from harness import RankContext
+from suites.lib.ranks.checkpoint_jobs import format_options
 from suites.lib.ranks.cuda_jobs import expected_index
 from suites.lib.ranks.fsdp2_readers import reduce_dtypes
 from suites.lib.ranks.readers import gathered_state, local
@@ -73,10 +75,16 @@ def skip_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
 
 
 def buffer_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
-    t = setup(ctx, scenario)
+    """One training forward and backward; the buffers as the forward saw them, as the
+    gathered state dict holds them, and as a full checkpoint writes them to the file (read
+    back with ``torch.load``, not through a load that would cast them to the module's dtype)."""
+    t = setup(ctx, scenario, **format_options(scenario.family, "full"))
     micro_step(t, scenario, 0, 0, t.strategy.distributed_sampler_kwargs["rank"])
     seen = {clean_name(n): m.seen_dtype for n, m in t.model.named_modules() if isinstance(m, Scale)}
     state = gathered_state(t.model)
+    path = os.path.join(ctx.tmp_dir, "buffers.pt")
+    t.strategy.save_checkpoint(path, {"model": t.model})
+    written = torch.load(path, weights_only=True)["model"]
     end(t.strategy)
     buffer = state.get("scale.scale")
     return {
@@ -85,6 +93,7 @@ def buffer_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
         "value": buffer,
         "offset_saved": "scale.offset" in state,
         "layout": {k: (str(v.dtype), tuple(v.shape)) for k, v in state.items()},
+        "written": {k: (str(v.dtype), tuple(v.shape)) for k, v in written.items()},
         "counters": {k: v for k, v in state.items() if not v.is_floating_point()},
     }
 

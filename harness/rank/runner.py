@@ -252,12 +252,15 @@ class JobRunner:
         result = Result(payload.value, warned, elapsed, noted, trouble, late)
         return self._reply(Kind.RESULT, command.job_id, result, None)
 
-    def _reply(self, kind: Kind, job_id: int, report: Any, error: BaseException | None) -> Event:
+    def _reply(self, kind: Kind, job_id: int, report: Any, outcome: object) -> Event:
         """The job's reply, with what the rank holds now (see [Note: bounded ranks]).
 
-        A job's exception keeps its frames, and so the job's strategy, modules and groups,
-        alive through its traceback: it is dropped before the rank's usage is read.
+        ``outcome`` is what the job ended with: its exception, or its :class:`Result` (a
+        job that caught a collective mismatch and went on). An exception keeps its frames,
+        and so the job's strategy, modules and groups, alive through its traceback: it is
+        dropped before the rank's usage is read.
         """
+        error = outcome if isinstance(outcome, BaseException) else None  # not a Result
         seen: set[int] = set()
         while error is not None and id(error) not in seen:  # its cause and context too
             seen.add(id(error))

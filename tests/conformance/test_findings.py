@@ -59,9 +59,12 @@ def test_two_independent_bugs_give_two_findings_each_under_its_clause(tmp_path: 
     findings = {f["id"]: f for f in report["findings"]}
     # the clip bug fails both CLIP-1 checks at their first clip, before any norm or loss
     # differs from the plain model's: one finding that says the gradients were not scaled
-    teardown, clip = findings.values()
+    assert len(findings) == 2, findings
+    # listed worst kind first: the clip bug (a wrong result) before the raising teardown
+    clip, teardown = findings.values()
     assert teardown["clauses"] == ["API-8"], findings
     assert clip["clauses"] == ["CLIP-1"], findings
+    assert (clip["kind"], teardown["kind"]) == ("wrong result", "crash")
     assert teardown["late"] and "checkpoint_io" in teardown["message"]
     assert (
         not clip["late"] and "gradients[…]: scaled by 1 in clip_gradients_norm" in clip["message"]

@@ -40,6 +40,18 @@ def test_the_rows_take_every_pair_of_the_space_and_are_far_fewer_than_the_candid
     assert {row.fmt for row in rows} == {"full", "sharded"}
 
 
+def test_a_family_added_later_leaves_the_earlier_families_rows_as_they_were() -> None:
+    """Row ids are check ids (expected-failures files list them): fsdp and model_parallel get
+    the rows the cover of their own candidates gives, whatever fsdp2 adds."""
+    early = [row for row in candidates(WORLDS) if row.scenario.family != "fsdp2"]
+    pairs = [frozenset(pairs_of(row.axes())) for row in early]
+    alone = greedy_cover(pairs, [relative_cost(row.scenario) for row in early])
+    kept = [row.id for row in cover_rows(WORLDS) if row.scenario.family != "fsdp2"]
+    assert kept == [early[i].id for i in alone]
+    rows = value_cover(WORLDS, "TRAIN-1")
+    assert [s.family for s in rows].index("fsdp2") == len([s for s in rows if s.family != "fsdp2"])
+
+
 def test_the_space_holds_every_value_the_suites_draw_on_the_main_axes() -> None:
     values: dict[str, set[str]] = {}
     for first, a, second, b in universe(WORLDS):

@@ -33,9 +33,9 @@ from harness.clauses import CLAUSES
 from suites.lib.controller.covering import (
     CoverRow,
     candidates,
-    greedy_cover,
     hybrid_mesh,
     relative_cost,
+    staged_cover,
 )
 from suites.lib.controller.scenarios import available_world_sizes
 from suites.lib.shared.arguments import DRAWN, carried_arguments, with_arguments
@@ -99,7 +99,7 @@ def value_cover(
         )
         for s in pool
     ]
-    chosen = greedy_cover(taken, [relative_cost(s) for s in pool])
+    chosen = staged_cover(taken, [relative_cost(s) for s in pool], [s.family for s in pool])
     return tuple(_plain(pool[i]) for i in chosen)
 
 

@@ -42,10 +42,10 @@ family_param = pytest.mark.parametrize("family", FAMILIES)
 
 
 def world_of(family: str) -> int:
-    """The world size of ``family``'s job: fsdp 2 (in attach mode torchrun's, if larger);
+    """The world size of ``family``'s job: fsdp and fsdp2 2 (in attach mode torchrun's, if larger);
     model_parallel dp=2 x tp=2 when the session allows 4 ranks, else dp=2 x tp=1. With
     ``--nproc 1`` both run at world size 1 (model_parallel on a 1x1 mesh)."""
-    if family == "fsdp":
+    if family != "model_parallel":
         return job_world(2)  # 1 in a one-rank session (see smallest_world)
     top = max_world_size()
     return 4 if top >= 4 else min(top, 2)
@@ -169,7 +169,11 @@ def test_module_init_context_meta_and_materialization(family: str) -> None:
 @pytest.mark.clause("API-4")
 @pytest.mark.parametrize(
     ("family", "precision"),
-    [*(("fsdp", p) for p in PRECISIONS), *(("model_parallel", p) for p in MP_PRECISIONS)],
+    [
+        *(("fsdp", p) for p in PRECISIONS),
+        *(("model_parallel", p) for p in MP_PRECISIONS),
+        *(("fsdp2", p) for p in MP_PRECISIONS),
+    ],
 )
 def test_backward_and_step_go_through_the_precision(family: str, precision: str) -> None:
     ref_scenario = scenario_of(family, world_of(family), precision)

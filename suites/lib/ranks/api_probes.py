@@ -33,7 +33,15 @@ from suites.lib.shared.models import (
     iter_param_owners,
     make_batch,
 )
-from suites.lib.shared.specs import FSDPConfig, MPConfig, OptimSpec, Scenario, TrainPlan, WrapSpec
+from suites.lib.shared.specs import (
+    FSDP2Config,
+    FSDPConfig,
+    MPConfig,
+    OptimSpec,
+    Scenario,
+    TrainPlan,
+    WrapSpec,
+)
 
 __all__ = [
     "FAMILIES",
@@ -51,7 +59,7 @@ SPEC = ModelSpec(
     hidden=4, blocks=(BlockSpec(ffn=4), BlockSpec(kind="NestedBlock", ffn=2, inner=1)), seed=11
 )
 UNITS = ("Block", "NestedBlock")
-FAMILIES = ("fsdp", "model_parallel")
+FAMILIES = ("fsdp", "model_parallel", "fsdp2")
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 #: bf16-mixed adds nothing to API-4 that 16-mixed does not check, and costs ~1 s at world 4
 MP_PRECISIONS = ("32-true", "16-mixed")
@@ -62,17 +70,20 @@ LR = 0.1
 
 
 def scenario_of(family: str, world: int, precision: str = "32-true", lr: float = LR) -> Scenario:
-    """fsdp: FULL_SHARD with Block/NestedBlock units; model_parallel: dp=2 x tp (mlp plan).
+    """fsdp: FULL_SHARD with Block/NestedBlock units; model_parallel: dp=2 x tp (mlp plan);
+    fsdp2: fully_shard on Block/NestedBlock units and the root over the world.
 
     Args:
-        family: ``fsdp`` or ``model_parallel``.
+        family: ``fsdp``, ``model_parallel`` or ``fsdp2``.
         world: the job's world size (the controller's choice; a rank passes its own).
         precision: the precision string.
         lr: the learning rate.
     """
-    config: FSDPConfig | MPConfig
+    config: FSDPConfig | MPConfig | FSDP2Config
     if family == "fsdp":
         config = FSDPConfig(wrap=WrapSpec("classes", UNITS), precision=precision)
+    elif family == "fsdp2":
+        config = FSDP2Config(wrap=WrapSpec("classes", UNITS), precision=precision)
     else:
         dp = min(2, world)  # a 1x1 mesh at world size 1
         tp = world // dp

@@ -17,6 +17,11 @@ after another rank finished, it compares two samples of them :data:`WINDOW` seco
 - the machine: load average per core (less the pool's own ranks), and CPU steal over the
   window.
 
+A rank's signs count only while it has spent less than half its deadline on CPU in the job
+(:data:`CPU_SHARE`): a rank slowed by a busy machine gets a small share of a core, while a
+rank that had the cores it wanted and still runs past its deadline computes without end (an
+endless loop is named at its deadline on an idle machine, as before).
+
 If any of them says the ranks work, or (at the deadline, while no rank has finished and
 every rank is inside a collective) the machine is overloaded, so that a rank that wants a
 core may not get one within the window and its peers wait for it, the cutoff moves on by
@@ -60,6 +65,9 @@ OVERLOAD = 2.0
 STEAL = 0.10
 #: the smallest step by which a cutoff moves on
 EXTENSION_FLOOR = 10.0
+#: the share of its deadline a rank may have spent on CPU in the job and still count as
+#: slowed by the machine (more, and it computes without end: see [Note: slow is not hung])
+CPU_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -124,7 +132,13 @@ def take_sample(
     return Sample(at, cpu, {r: tidy_stacks(stacks.get(r, "")) for r in ranks}, runnable, load)
 
 
-def progress(before: Sample, after: Sample, own_ranks: int | None = None) -> str:
+def progress(
+    before: Sample,
+    after: Sample,
+    own_ranks: int | None = None,
+    spent: Mapping[int, float] | None = None,
+    deadline: float = float("inf"),
+) -> str:
     """Why the ranks of ``after`` count as working or the machine as too busy to tell, in
     words; ``""`` when they wait (see [Note: slow is not hung]).
 
@@ -134,17 +148,25 @@ def progress(before: Sample, after: Sample, own_ranks: int | None = None) -> str
             :data:`OVERLOAD`, when every rank is inside a collective. ``None``: only the
             ranks' own signs count (after another rank finished, a rank that neither runs nor
             waits for a core waits on a peer).
+        spent: CPU seconds each rank has used since the job started.
+        deadline: the job's deadline in seconds: a rank that has spent more than
+            :data:`CPU_SHARE` of it on CPU got the cores it wanted and is not slowed by the
+            machine (an endless loop on an idle machine), so its signs do not count.
     """
-    for rank, cpu in after.cpu.items():
+    budget = CPU_SHARE * deadline
+    starved = [r for r in after.cpu if spent is None or spent.get(r, 0.0) <= budget]
+    for rank in starved:
+        cpu = after.cpu[rank]
         cpu_was = before.cpu.get(rank)
         if cpu is not None and cpu_was is not None and cpu - cpu_was >= PROGRESS_CPU:
             used, window = cpu - cpu_was, after.at - before.at
             return f"rank {rank} used {used:.2f} s of CPU in {window:.1f} s"
-    for rank, stack in after.stacks.items():
-        stack_was = before.stacks.get(rank, "")
+    for rank in starved:
+        stack, stack_was = after.stacks.get(rank, ""), before.stacks.get(rank, "")
         if stack and stack_was and stack != stack_was:
             return f"rank {rank}'s stack moved"
-    for rank, runnable in after.runnable.items():
+    for rank in starved:
+        runnable = after.runnable.get(rank)
         if runnable and (before.runnable.get(rank) or 0) > 0:
             return f"rank {rank} has {runnable} runnable thread{'s' if runnable > 1 else ''}"
     load, was_load = after.load, before.load

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from harness.pool.progress import EXTENSION_FLOOR, WINDOW, Sample, progress, take_sample
-from harness.pool.stall import StallProbe
+from harness.pool.stall import StallProbe, cpu_seconds
 from harness.pool.transport import PoolSettings, RanksUnreachable, StackDump, Transport
 from harness.pool.usage import PoolUsage
 from harness.rank.runner import pg_timeout_for
@@ -88,6 +88,8 @@ class RankPool:
         #: why each job cutoff moved on because its ranks still worked (see [Note: slow is
         #: not hung] in harness.pool.progress), in order
         self.cutoffs_moved: list[str] = []
+        self._job_cpu: dict[int, float] = {}  # each rank's CPU seconds as the job was sent
+        self._job_deadline = float("inf")  # the running job's deadline, seconds
 
     def take_heals(self) -> list[str]:
         """The causes of the generations that ended early since the last call (then
@@ -184,6 +186,7 @@ class RankPool:
                 self.kill()  # a rank died between jobs: start afresh rather than blame this job
             self.start()
             began = time.monotonic()
+            self._note_job_start(job.timeout)
             token = self.transport.send(Command(Kind.JOB, job_id, job))
             grace = self.settings.failure_grace
             outcomes = self._wait(
@@ -195,6 +198,17 @@ class RankPool:
             self.lost = str(exc)
             raise PoolLost(self.lost) from None
         return outcomes
+
+    def _note_job_start(self, deadline: float) -> None:
+        """The ranks' CPU seconds as a job is sent, and its deadline (see [Note: slow is not
+        hung]): what a rank spent in the job is told from them at a cutoff."""
+        self._job_deadline = deadline
+        self._job_cpu = {}
+        if self.transport.replaces_ranks:
+            for rank, pid in enumerate(self.transport.pids):
+                cpu = cpu_seconds(pid)
+                if cpu is not None:
+                    self._job_cpu[rank] = cpu
 
     def _recycle_if_asked(self, outcomes: list[Outcome]) -> None:
         """Replace the ranks when one holds more than its bound after a job (see [Note:
@@ -297,6 +311,14 @@ class RankPool:
 
         return take_sample(time.monotonic(), ranks, self.transport.pids, stacks)
 
+    def _spent(self, sample: Sample) -> dict[int, float]:
+        """CPU seconds each sampled rank used since the job was sent."""
+        return {
+            rank: cpu - self._job_cpu.get(rank, cpu)
+            for rank, cpu in sample.cpu.items()
+            if cpu is not None
+        }
+
     def _working(self, token: int, ranks: list[int], before: Sample | None, own: int | None) -> str:
         """Why the ranks still inside the job at its cutoff count as working (``""``: they
         wait; ``own``: see :func:`progress`). Without a sample from before the cutoff, one
@@ -304,7 +326,8 @@ class RankPool:
         if before is None:
             before = self._sample(token, ranks)
             time.sleep(WINDOW)
-        return progress(before, self._sample(token, ranks), own)
+        after = self._sample(token, ranks)
+        return progress(before, after, own, self._spent(after), self._job_deadline)
 
     def _probe(self, began: float, grace: float | None) -> StallProbe | None:
         s = self.settings

@@ -28,6 +28,15 @@ def _sample(
     return Sample(at, {0: cpu, 1: 1.0}, {0: stack, 1: STACK}, {0: runnable, 1: 0}, load)
 
 
+def test_a_rank_that_had_the_cores_it_wanted_is_not_excused() -> None:
+    """More CPU than half its deadline spent in the job: it computes without end."""
+    before, after = _sample(0.0, runnable=2), _sample(2.0, cpu=3.0, runnable=2)
+    assert progress(before, after, spent={0: 1.9}, deadline=4.0) == (
+        "rank 0 used 2.00 s of CPU in 2.0 s"
+    )
+    assert progress(before, after, spent={0: 2.1}, deadline=4.0) == ""
+
+
 def test_ranks_that_wait_do_not_count_as_working() -> None:
     idle = MachineLoad(average=1.0, cores=2, total=1000, steal=0)
     assert progress(_sample(0.0, load=idle), _sample(2.0, cpu=1.01, load=idle), 4) == ""
@@ -69,11 +78,15 @@ def test_an_overloaded_machine_counts_only_while_no_rank_finished() -> None:
 
 
 def compute_for(ctx: RankContext, seconds: float) -> int:
-    """Work inside one call for ``seconds`` (no collective): a slow job, not a stuck one."""
+    """Work inside one call for ``seconds`` (no collective), getting a fifth of a core as on
+    a busy machine (10 ms of work, then 40 ms off): a slow job, not a stuck one."""
     end = time.monotonic() + seconds
     x = torch.ones(64, 64)
     while time.monotonic() < end:
-        x = (x @ x).clamp_(max=1.0)
+        burst = time.monotonic() + 0.01
+        while time.monotonic() < burst:
+            x = (x @ x).clamp_(max=1.0)
+        time.sleep(0.04)
     return ctx.rank
 
 

@@ -89,6 +89,7 @@ class RankPool:
         #: not hung] in harness.pool.progress), in order
         self.cutoffs_moved: list[str] = []
         self._job_cpu: dict[int, float] = {}  # each rank's CPU seconds as the job was sent
+        self._cpu_pids: list[int] = []  # the ranks ``_job_cpu`` belongs to
         self._job_deadline = float("inf")  # the running job's deadline, seconds
 
     def take_heals(self) -> list[str]:
@@ -193,6 +194,7 @@ class RankPool:
                 token, began, began + job.timeout, (Kind.RESULT, Kind.ERROR), grace
             )
             self._heal(token, outcomes, job_id)
+            self._note_job_end(outcomes)
             self._recycle_if_asked(outcomes)
         except RanksUnreachable as exc:
             self.lost = str(exc)
@@ -201,14 +203,26 @@ class RankPool:
 
     def _note_job_start(self, deadline: float) -> None:
         """The ranks' CPU seconds as a job is sent, and its deadline (see [Note: slow is not
-        hung]): what a rank spent in the job is told from them at a cutoff."""
+        hung]): what a rank spent in the job is told from them at a cutoff. A rank reports
+        its CPU seconds with each reply (a rank waiting for a job uses none), so ``/proc``
+        is read only for the first job of a generation."""
         self._job_deadline = deadline
-        self._job_cpu = {}
-        if self.transport.replaces_ranks:
-            for rank, pid in enumerate(self.transport.pids):
+        if not self.transport.replaces_ranks:
+            return
+        pids = self.transport.pids
+        if pids != self._cpu_pids:  # a new generation
+            self._cpu_pids = list(pids)
+            self._job_cpu = {}
+            for rank, pid in enumerate(pids):
                 cpu = cpu_seconds(pid)
                 if cpu is not None:
                     self._job_cpu[rank] = cpu
+
+    def _note_job_end(self, outcomes: list[Outcome]) -> None:
+        """Keep each rank's CPU seconds after the job: the next job's start."""
+        for outcome in outcomes:
+            if outcome.usage is not None:
+                self._job_cpu[outcome.rank] = outcome.usage.cpu_s
 
     def _recycle_if_asked(self, outcomes: list[Outcome]) -> None:
         """Replace the ranks when one holds more than its bound after a job (see [Note:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gc
 import os
+import time
 from collections.abc import Callable
 
 from harness.wire.protocol import Usage
@@ -47,7 +48,8 @@ def sample() -> Usage | None:
             resident_pages = int(f.read().split()[1])
     except (OSError, IndexError, ValueError):
         return None
-    return Usage(threads, round(resident_pages * _PAGE_MIB, 1), open_files)
+    rss = round(resident_pages * _PAGE_MIB, 1)
+    return Usage(threads, rss, open_files, time.process_time())
 
 
 class UsageGuard:
@@ -88,4 +90,4 @@ class UsageGuard:
         reason = self.over(usage)
         if not reason:
             return usage
-        return Usage(usage.threads, usage.rss_mib, usage.open_files, recycle=reason)
+        return Usage(usage.threads, usage.rss_mib, usage.open_files, usage.cpu_s, reason)

@@ -106,6 +106,7 @@ class Usage:
         threads: its threads.
         rss_mib: its resident memory, MiB.
         open_files: its open file descriptors.
+        cpu_s: the CPU seconds the process has used so far (all its threads).
         recycle: what stayed over the rank's bound after a full collection (``threads``,
             ``open files``, ``memory``), so that it asks to be replaced before the next job;
             ``""`` when nothing did.
@@ -114,6 +115,7 @@ class Usage:
     threads: int
     rss_mib: float
     open_files: int
+    cpu_s: float = 0.0
     recycle: str = ""
 
 

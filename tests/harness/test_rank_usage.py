@@ -71,7 +71,7 @@ def test_pool_usage_keeps_first_last_and_peaks_per_rank() -> None:
     pool = PoolUsage()
     for threads, recycle in ((9, ""), (40, ""), (12, "threads")):
         outcomes = [
-            Outcome(rank, "ok", usage=Usage(threads + rank, 300.0 + threads, 20, recycle))
+            Outcome(rank, "ok", usage=Usage(threads + rank, 300.0 + threads, 20, recycle=recycle))
             for rank in range(2)
         ]
         asked = pool.note(outcomes)

@@ -61,7 +61,8 @@ def test_the_space_holds_every_value_the_suites_draw_on_the_main_axes() -> None:
     assert values["precision"] == {"32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true"}
     assert {"FULL_SHARD", "NO_SHARD", "HYBRID_SHARD", "dp+tp", "tp", "dp"} <= values["sharding"]
     assert {"none", "size", "callable", "fully_shard root only", "module_fn"} <= values["wrap"]
-    assert {"hsdp", "reshard to 2", "no reshard after forward"} <= values["sharding"]
+    assert {"hsdp", "no reshard after forward"} <= values["sharding"]
+    assert "reshard to 2" not in values["sharding"]  # see pairwise_candidates
     assert values["model"] == {
         "Block",
         "NestedBlock",
@@ -122,9 +123,11 @@ def test_a_value_cover_takes_every_value_of_the_clause_scope_in_few_scenarios() 
     # at least the widest axis (six fsdp wrap kinds); preferring cheap rows may add one
     assert 6 <= len(shard) <= 7
     both = value_cover(WORLDS, "TRAIN-1")  # no scope: three families, eleven wrap kinds
-    assert _values(list(both), {}) == {
+    every = {
         axis: values for axis, values in values_of(universe(WORLDS)).items() if axis != "checkpoint"
     }
+    every["sharding"] = every["sharding"] | {"reshard to 2"}  # not paired: pairwise_candidates
+    assert _values(list(both), {}) == every
     assert 11 <= len(both) <= 16  # at least the eleven wrap kinds; cheap rows may add some
     assert value_cover(WORLDS, "TRAIN-1") == both  # deterministic
 

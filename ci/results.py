@@ -117,6 +117,31 @@ def _clause_outcomes(path: Path) -> dict[str, str]:
     return {clause: outcome for clause, (outcome, _) in table.items() if clause != NO_CLAUSE}
 
 
+def _resources(run: dict[str, Any], figure: str) -> str:
+    """Per world size, the busiest rank's ``figure`` after its first and last job and its
+    peak (``run.resources``, see docs/rank-resources.md)."""
+    resources = run.get("resources")
+    if not isinstance(resources, dict) or not resources:
+        return UNKNOWN
+    parts = []
+    for size, pool in sorted(resources.items(), key=lambda kv: int(kv[0])):
+        ranks = [r[figure] for r in pool.get("ranks", {}).values() if figure in r]
+        if not ranks:
+            continue
+        first, last, peak = (max(r[k] for r in ranks) for k in ("first", "last", "peak"))
+        recycled = len(pool.get("recycles", []))
+        note = f", recycled {recycled}x" if recycled else ""
+        parts.append(f"world size {size}: {first:g} -> {last:g} ({peak:g}{note})")
+    return "; ".join(parts) or UNKNOWN
+
+
+def _moved(run: dict[str, Any]) -> str:
+    moved = run.get("cutoffs_moved")
+    if not isinstance(moved, dict):
+        return UNKNOWN
+    return str(sum(len(reasons) for reasons in moved.values()))
+
+
 def report_section(source: Source) -> list[str]:
     """The lines for one conformance run."""
     data = _read_json(source.path / "report.json", "report")
@@ -134,6 +159,9 @@ def report_section(source: Source) -> list[str]:
         ("findings", len(data.get("findings", []))),
         ("wall time", f"{wall} s" if wall is not None else UNKNOWN),
         ("restarts of the ranks", len(run.get("heals", []))),
+        ("rank threads, first -> last job (peak)", _resources(run, "threads")),
+        ("rank memory, MiB, first -> last job (peak)", _resources(run, "rss_mib")),
+        ("job cutoffs moved on while ranks worked", _moved(run)),
         ("Hypothesis profile", run.get("hypothesis_profile")),
         ("torch", env.get("torch")),
         ("backend", env.get("backend")),

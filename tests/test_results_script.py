@@ -91,3 +91,25 @@ def test_a_missing_report_names_the_path_and_what_to_pass(tmp_path: Path) -> Non
 def test_a_source_without_a_label_takes_the_directory_name() -> None:
     source = _script().parse_source("reports/reference")
     assert (source.label, source.path) == ("reference", Path("reports/reference"))
+
+
+def test_rank_resources_and_moved_cutoffs_have_rows(tmp_path: Path) -> None:
+    def figures(first: float, last: float, peak: float) -> dict[str, float]:
+        return {"first": first, "last": last, "peak": peak}
+
+    ranks = {
+        str(r): {"threads": figures(9, 30 + r, 51), "rss_mib": figures(280.5, 300.0, 310.0),
+                 "open_files": figures(20, 40, 90), "jobs": 81}
+        for r in range(4)
+    }  # fmt: skip
+    recycles = [{"ranks": [0, 1, 2, 3], "over": "threads"}]
+    run = {
+        "resources": {"4": {"ranks": ranks, "recycles": recycles}},
+        "cutoffs_moved": {"4": ["rank 0 used 0.50 s of CPU in 2.0 s"], "2": []},
+    }
+    text = _script().render([_script().Source("busy", _report_dir(tmp_path, "r", run))], [])
+    threads = "world size 4: 9 -> 33 (51, recycled 1x)"
+    memory = "world size 4: 280.5 -> 300 (310, recycled 1x)"
+    assert f"| rank threads, first -> last job (peak) | {threads} |" in text
+    assert f"| rank memory, MiB, first -> last job (peak) | {memory} |" in text
+    assert "| job cutoffs moved on while ranks worked | 1 |" in text

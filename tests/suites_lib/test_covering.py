@@ -34,7 +34,9 @@ WORLDS = (1, 2, 3, 4)
 def test_the_rows_take_every_pair_of_the_space_and_are_far_fewer_than_the_candidates() -> None:
     rows = cover_rows(WORLDS)
     taken = set().union(*(pairs_of(row.axes()) for row in rows))
-    assert taken == universe(WORLDS)
+    assert taken >= universe(WORLDS)  # and the one row that reshards to an int
+    assert sum(not isinstance(getattr(r.scenario.strategy, "reshard_after_forward", True), bool)
+               for r in rows) == 1  # fmt: skip
     assert len(rows) < len(candidates(WORLDS)) // 20
     assert {row.scenario.family for row in rows} == {"fsdp", "model_parallel", "fsdp2"}
     assert {row.fmt for row in rows} == {"full", "sharded"}

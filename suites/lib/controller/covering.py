@@ -411,9 +411,18 @@ def staged_cover(
 @functools.cache
 def cover_rows(worlds: tuple[int, ...]) -> tuple[CoverRow, ...]:
     """A small, cheap set of configurations that together take every pair of
-    :func:`universe` (:func:`staged_cover` by :func:`relative_cost`)."""
+    :func:`universe` (:func:`staged_cover` by :func:`relative_cost`), and the cheapest row
+    that reshards to an int after forward."""
     rows = pairwise_candidates(worlds)
     pairs = [frozenset(pairs_of(row.axes())) for row in rows]
     costs = [relative_cost(row.scenario) for row in rows]
     chosen = staged_cover(pairs, costs, [row.scenario.family for row in rows])
-    return tuple(rows[i] for i in chosen)
+    # one row resharding to an int, so every clause these rows check reaches that value too
+    # (see [Note: reshard to an int in the pairwise cover])
+    resharded = [
+        row
+        for row in candidates(worlds)
+        if not isinstance(getattr(row.scenario.strategy, "reshard_after_forward", True), bool)
+    ]
+    extra = min(resharded, key=lambda row: relative_cost(row.scenario), default=None)
+    return tuple(rows[i] for i in chosen) + ((extra,) if extra is not None else ())

@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import pickle
 import subprocess
+import time
 
 import torch
 
-from harness.pool.stall import StallProbe, cpu_seconds
+from harness.pool.stall import StallProbe, cpu_seconds, runnable_threads
 from harness.run.deadlines import Deadlines
 from harness.verdicts.collectives import own_fingerprint, waiting_collective
 from harness.verdicts.flight import flight_recorder_environ, last_collectives, trace_prefix
@@ -113,10 +114,20 @@ def _in_collective(line: int) -> str:
     )
 
 
+def _wait_until_asleep(pid: int) -> None:
+    """Wait (at most 5 s) until process ``pid`` has no runnable thread: a process just
+    started is runnable while it execs."""
+    end = time.monotonic() + 5.0
+    while runnable_threads(pid) and time.monotonic() < end:
+        time.sleep(0.01)
+    assert runnable_threads(pid) == 0, f"process {pid} never went to sleep"
+
+
 def test_stall_needs_two_equal_samples_in_collectives_without_cpu() -> None:
     sleeper = subprocess.Popen(["sleep", "60"])  # a process that waits: no CPU, not runnable
     try:
         rank = sleeper.pid
+        _wait_until_asleep(rank)
         assert cpu_seconds(rank) is not None
         probe = StallProbe(next_at=0.0, every=3.0)
         assert not probe.sample(10.0, {0: _in_collective(5)}, [rank])  # one sample: not yet

@@ -106,6 +106,14 @@ def _findings(report: Report, shown: int | None) -> list[str]:
     ]
 
 
+#: The "first" cell of a clause no check counts against: every check was refused or needs
+#: another environment; otherwise a late finding broke it.
+_NO_CHECK_AGAINST = {
+    "unsupported": "(every check declared unsupported)",
+    "environment": "(every check needs another environment)",
+}
+
+
 def _clauses(report: Report, shown: int | None) -> list[str]:
     table = clause_outcomes(report.checks, report.findings)
     by_family = clause_family_outcomes(report.checks, report.findings)
@@ -122,7 +130,7 @@ def _clauses(report: Report, shown: int | None) -> list[str]:
             continue
         bad = against(clause, members)
         split = ", ".join(f"{fam}={o}" for fam, o in by_family.get(clause, {}).items())
-        first = _code(bad[0].id) if bad else "(a finding)"
+        first = _code(bad[0].id) if bad else _NO_CHECK_AGAINST.get(outcome, "(a late finding)")
         family = f" {split} |" if by_family else ""
         rows.append(f"| {clause} | {outcome} |{family} {len(bad)} of {len(members)} | {first} |")
     if rows:

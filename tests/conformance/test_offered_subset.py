@@ -136,3 +136,17 @@ def test_the_first_column_points_at_what_decided_the_clause() -> None:
     assert row == (
         "| CKPT-RT-1 | failed | fsdp=unsupported, model_parallel=passed | 1 of 4 | `rt[drawn]` |"
     )
+
+
+def test_a_clause_no_check_counts_against_says_why_in_the_first_column() -> None:
+    """A clause whose every check the strategy refused has no check to name first: the cell
+    says they were declared unsupported (it once read "(a finding)", naming none)."""
+    checks = [*FSDP_ONLY, check("other", "passed", "fsdp")]
+    checks[0] = check("rt[fsdp]", "unsupported", "fsdp")
+    checks[2].clauses = ["API-1"]
+    row = next(
+        line
+        for line in render_summary(_report(checks)).splitlines()
+        if line.startswith("| CKPT-RT-1 |")
+    )
+    assert row.endswith("| 0 of 2 | (every check declared unsupported) |"), row

@@ -7,11 +7,15 @@ a listed check that passes (a strict xpass) or an unlisted one that fails does n
 
 from __future__ import annotations
 
+import os
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+
+import harness
 
 if TYPE_CHECKING:
     from tests.conformance.conftest import Run
@@ -131,3 +135,48 @@ def test_an_expected_failure_alone_conforms(run_suite: RunSuite) -> None:
     assert run.outcomes() == {"test_fake.test_bad": "xfailed"}
     assert run.ret == pytest.ExitCode.OK
     assert _junit(run) == (0, [])
+
+
+def test_a_failed_check_is_counted_once_in_pytests_last_line(run_suite: RunSuite) -> None:
+    """pytest already counts a failing check as failed: the strict verdict adds nothing more
+    to the last line (it once read ``1 failed, 1 nonconforming`` for one check)."""
+    broken = SUITE.replace("def test_roundtrip():\n    pass", "def test_roundtrip():\n    1 / 0")
+    run = _strict(run_suite, broken)
+    assert run.ret == pytest.ExitCode.TESTS_FAILED
+    run.result.stdout.fnmatch_lines(["*conformance-strict: FAILED*", "*1 failed, 2 xfailed in*"])
+    assert "nonconforming" not in run.result.stdout.lines[-1]
+
+
+LATE = """
+import pytest
+from harness import run_on_ranks
+from harness.verdicts.attribution import clause
+
+def teardown_on_rank(ctx):
+    with clause("API-8", after=True):
+        raise RuntimeError("teardown left the checkpoint_io open")
+
+@pytest.mark.clause("API-8")
+def test_teardown():
+    run_on_ranks(teardown_on_rank, world_size=1)
+"""
+
+
+def test_a_late_finding_outside_strict_mode_is_shown_as_what_fails_the_run(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every test case passed, yet a late finding fails the run: the summary and pytest's
+    last line say so, so an exit status of 1 never comes with an all-green last line."""
+    repo = str(Path(harness.__file__).resolve().parent.parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
+    pytester.makepyfile(test_fake=LATE)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--nproc", "1", "--conformance-report", "out", timeout=240
+    )
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(
+        [
+            "*late findings fail the run: F1 (API-8) recorded after their checks' properties*",
+            "*1 passed, 1 late finding in*",
+        ]
+    )

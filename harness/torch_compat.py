@@ -256,13 +256,20 @@ def replace_new_process_group_helper(helper: Callable[..., Any]) -> None:
 def set_default_pg_timeout(seconds: float) -> None:
     """Set the default process group's timeout for the collectives that follow.
 
-    [Note: group timeout] ``distributed_c10d._set_pg_timeout`` in torch 2.11 to 2.14 (it
-    knows unwrapped gloo and NCCL groups only; :func:`default_group_backends` reaches a
-    wrapped one).
+    [Note: group timeout] The public ``torch.distributed.set_timeout`` where torch has it
+    (2.14.1 has it, and warns that ``_set_pg_timeout`` is deprecated: every rank job would
+    print that warning); else ``distributed_c10d._set_pg_timeout`` (torch 2.11 to 2.14.0).
+    Either knows unwrapped gloo and NCCL groups only; :func:`default_group_backends` reaches
+    a wrapped one.
     """
+    import torch.distributed as dist
     from torch.distributed import distributed_c10d
 
-    distributed_c10d._set_pg_timeout(timedelta(seconds=seconds))
+    set_timeout = getattr(dist, "set_timeout", None)
+    if callable(set_timeout):
+        set_timeout(timedelta(seconds=seconds))
+    else:
+        distributed_c10d._set_pg_timeout(timedelta(seconds=seconds))
 
 
 def default_group_backends() -> Iterator[Any]:

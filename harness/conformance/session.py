@@ -84,6 +84,10 @@ class ConformancePlugin:
         self.strict_alone = False  # the strict verdict alone failed the run
         self.triage = Triage(self.expected_late)
         self.progress = Progress(terminal_writer(config))
+        #: test items to run and run so far: the progress line counts items, not checks, as
+        #: ``--keep-duplicates`` runs one check (one node id) more than once
+        self.items_total = 0
+        self.items_done = 0
         self.started_at = datetime.now(timezone.utc)  # the report's run.started_at
         self.started = time.perf_counter()  # and its wall time
 
@@ -131,6 +135,10 @@ class ConformancePlugin:
         if dropped:
             config.hook.pytest_deselected(items=dropped)
             items[:] = kept
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """The number of items the progress line counts down (after every deselection)."""
+        self.items_total = len(session.items)
 
     def pytest_deselected(self, items: list[pytest.Item]) -> None:
         """Move deselected items (``--clauses``, ``-k``, ``-m``) to the report's selection."""
@@ -226,7 +234,8 @@ class ConformancePlugin:
         junit.annotate(report, check)
         if report.when == "teardown":
             self.triage.finished(check)
-            self.progress.checks_done(len(self.triage.done), len(self.checks))
+            self.items_done += 1
+            self.progress.checks_done(self.items_done, self.items_total or len(self.checks))
 
     def _announce(self, finding: Finding, item: pytest.Item) -> None:
         """One terminal line the moment a finding is new (see :mod:`.progress`)."""

@@ -56,3 +56,35 @@ def test_nothing_is_written_without_a_terminal() -> None:
     progress.finding("F1", ["API-1"], "m", "c")
     progress.checks_done(1, 2)
     assert progress.announced == set()
+
+
+def test_the_count_is_of_test_items_so_duplicates_do_not_overrun_it(
+    pytester: pytest.Pytester,
+) -> None:
+    """``--keep-duplicates`` runs one check (one node id) more than once: the line once read
+    "2 of 1 checks" there; it counts the items pytest runs."""
+    from harness.conformance import PLUGIN_NAME
+
+    path = pytester.makepyfile(
+        test_fake='import pytest\n\n@pytest.mark.clause("API-1")\ndef test_a():\n    pass\n'
+    )
+    seen: list[tuple[int, int]] = []
+
+    class Spy:
+        config: pytest.Config
+
+        def pytest_configure(self, config: pytest.Config) -> None:
+            self.config = config
+
+        @pytest.hookimpl(trylast=True)
+        def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+            if report.when == "teardown":
+                plugin = self.config.pluginmanager.get_plugin(PLUGIN_NAME)
+                assert plugin is not None
+                seen.append((plugin.items_done, plugin.items_total))
+
+    result = pytester.inline_run(
+        "-p", "no:cacheprovider", "--keep-duplicates", str(path), str(path), plugins=[Spy()]
+    )
+    result.assertoutcome(passed=2)
+    assert seen == [(1, 2), (2, 2)]

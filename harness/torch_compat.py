@@ -354,10 +354,11 @@ def clear_sharding_cache() -> None:
     reference to the mesh, but its value, the planner, holds the mesh itself),
     ``_redistribute._gen_transform_infos`` (a ``functools.cache`` keyed by the specs, which
     hold the mesh) and ``_collective_utils.MeshTopoInfo.build_from_mesh`` (an
-    ``lru_cache``). Checked on torch 2.13.0: over a ``CKPT-*`` run a world-4 rank went from
-    9 threads to 144 with only the sharding cache cleared (every dead group's threads were
-    reached through a planner). Any of them missing in another release is fine: nothing to
-    clear there.
+    ``lru_cache``). On torch 2.13.0, over a ``CKPT-*`` run a world-4 rank went from 9
+    threads to 144 with only the sharding cache cleared (every dead group's threads were
+    reached through a planner). All three exist in 2.11.0, 2.13.0 and 2.14.1 (checked with
+    ``tests/harness/test_rank_usage.py`` in each); any of them missing in another release is
+    fine: nothing to clear there.
     """
     from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 

@@ -262,12 +262,11 @@ def _assert_same_lrs(
     steps = [op for op in segment.ops if isinstance(op, Step)]
     labels = [first] + [f"after step {s.index + 1}" for s in steps]
     for label, got, want in zip(labels, found, expected, strict=True):
-        for key, what in (("last_lr", "the scheduler's last_lr"), ("group_lrs", "group lr")):
+        for key, what in (("last_lr", "the scheduler's last_lr"), ("group_lrs", "the groups' lr")):
             assert got[key] == want[key], (
                 f"CKPT-RT-5: {where}, {label}: {what} {got[key]} where the run that never "
-                f"stopped has {want[key]} (learning rates so far: "
-                f"{[g['last_lr'] for g in found]}, expected "
-                f"{[e['last_lr'] for e in expected]})"
+                f"stopped has {want[key]} ({what} at each point: "
+                f"{[g[key] for g in found]}, expected {[e[key] for e in expected]})"
             )
 
 

@@ -1,5 +1,5 @@
-"""CONTRACT.md CKPT-RT-5 (and MP-3) as a stateful test: resuming from a checkpoint equals
-never stopping.
+"""CONTRACT.md CKPT-RT-5 (and CKPT-SAVE-4, MP-3) as a stateful test: resuming from a
+checkpoint equals never stopping.
 
 :class:`ResumeMachine` lives in the controller. Its rules train one step (micro-batches
 accumulated under ``no_backward_sync``, optionally clipped), save (in the segment's
@@ -9,7 +9,15 @@ between jobs, so every rule runs one job that replays its segment: set up (fresh
 fresh objects loaded from the segment's checkpoint), then the segment's steps and saves so
 far. The invariant: the gathered parameters equal the plain, unsharded model trained in
 this process on the same data (restored from its own snapshot where the sharded run loaded
-a checkpoint), within the fp32 tolerance. A failure prints the steps, e.g.
+a checkpoint), within the fp32 tolerance.
+
+Both runs train under a learning-rate scheduler with a linear warmup
+(:mod:`suites.lib.shared.lr_schedules`), saved beside model and optimizer; the first saves
+come in the middle of the warmup. A resumed segment loads it into a fresh scheduler: right
+after the load it must hold the saved state (CKPT-SAVE-4: a load that writes the scheduler but
+never restores it restarts the warmup), and at the load and after every step its
+``get_last_lr()`` and the optimizer groups' ``lr`` are the plain run's, exactly (CKPT-RT-5:
+the resumed run goes on along the same learning-rate curve). A failure prints the steps, e.g.
 ``state.resume(data=data(...), name=checkpoints_0, then=1, world=2)`` and the drawn options.
 """
 
@@ -47,17 +55,23 @@ from suites.lib.controller.tolerances import tolerance
 from suites.lib.ranks.checkpoint_jobs import path_for
 from suites.lib.ranks.resume_jobs import Save, Segment, segment_rank
 from suites.lib.shared.checkpoint_specs import FORMATS, ROUND_TRIP
+from suites.lib.shared.lr_schedules import make_scheduler, read_scheduler, scheduler_difference
 from suites.lib.shared.session_ops import Step
 from suites.lib.shared.specs import Scenario, TrainPlan
 
+#: model state, optimizer state, scheduler state, steps taken
+Snapshot = tuple[dict, dict, dict, int]
+
 
 class PlainReference:
-    """The plain model and optimizer, trained in this process on every dp rank's data."""
+    """The plain model, optimizer and warmup scheduler, trained in this process on every dp
+    rank's data: the run that never stops."""
 
     def __init__(self, scenario: Scenario) -> None:
         self.scenario = scenario
         self.model = reference_model(scenario)
         self.optimizer = scenario.optim.build(self.model.named_parameters())
+        self.scheduler = make_scheduler(self.optimizer)
         self.steps = 0
 
     def step(self, step: Step, dp: int) -> None:
@@ -65,21 +79,28 @@ class PlainReference:
         backward_plain_step(self.model, self.scenario, step.index, step.micro, dp, step.clip)
         self.optimizer.step()
         self.optimizer.zero_grad()
+        self.scheduler.step()
         self.steps += 1
 
-    def snapshot(self) -> tuple[dict, dict, int]:
-        """Model state, optimizer state and step count (deep copies)."""
+    def lrs(self) -> dict[str, Any]:
+        """The scheduler's reading now (:func:`read_scheduler`)."""
+        return copy.deepcopy(read_scheduler(self.scheduler))
+
+    def snapshot(self) -> Snapshot:
+        """Model, optimizer and scheduler state and step count (deep copies)."""
         return (
             copy.deepcopy(self.model.state_dict()),
             copy.deepcopy(self.optimizer.state_dict()),
+            copy.deepcopy(self.scheduler.state_dict()),
             self.steps,
         )
 
-    def restore(self, snapshot: tuple[dict, dict, int]) -> None:
+    def restore(self, snapshot: Snapshot) -> None:
         """Go back to a snapshot."""
-        model, optim, self.steps = copy.deepcopy(snapshot)
+        model, optim, scheduler, self.steps = copy.deepcopy(snapshot)
         self.model.load_state_dict(model)
         self.optimizer.load_state_dict(optim)
+        self.scheduler.load_state_dict(scheduler)
 
 
 @st.composite
@@ -117,7 +138,7 @@ class ResumeMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.root = tempfile.mkdtemp(prefix="shardcheck-resume-")
-        self.saved: dict[str, tuple[dict, dict, int]] = {}
+        self.saved: dict[str, Snapshot] = {}
         self.state: list[dict[str, Any]] = []
 
     @initialize(
@@ -131,6 +152,7 @@ class ResumeMachine(RuleBasedStateMachine):
         self.base = scenario
         self.reference = PlainReference(scenario)
         self.segment = Segment(scenario, fmt)
+        self.expected_lrs = [self.reference.lrs()]
         for _ in range(first):
             self._step(1, None)
         return self._save()
@@ -139,6 +161,7 @@ class ResumeMachine(RuleBasedStateMachine):
         step = Step(self.reference.steps, micro, clip)
         self.segment.ops.append(step)
         self.reference.step(step, self.segment.scenario.dp_size)
+        self.expected_lrs.append(self.reference.lrs())
 
     def _save(self) -> str:
         world = self.segment.scenario.world_size
@@ -170,6 +193,7 @@ class ResumeMachine(RuleBasedStateMachine):
         source = path_for(f"{self.root}/{name}", name.split("-")[1])
         self.segment = Segment(scenario, fmt, source)
         self.reference.restore(self.saved[name])
+        self.expected_lrs = [self.reference.lrs()]
         for _ in range(then):
             self._step(1, None)
         self._replay()
@@ -184,6 +208,26 @@ class ResumeMachine(RuleBasedStateMachine):
     def save(self) -> str:
         """Save in the segment's format."""
         return self._save()
+
+    @invariant()
+    def follows_the_learning_rate_curve(self) -> None:
+        """Every rank's scheduler went through the plain run's learning rates, step by step,
+        and its optimizer's groups hold them; a resumed one starts from the saved state."""
+        if not self.state:
+            return
+        segment = self.segment
+        with self._looking():
+            for rank, out in enumerate(self.state):
+                where = f"rank {rank} of {segment.scenario.world_size}"
+                if segment.source is not None:
+                    found = scheduler_difference(out["lrs"][0], self.expected_lrs[0])
+                    assert found is None, (
+                        f"CKPT-SAVE-4: {where}, resumed from {segment.source} into a fresh "
+                        f"warmup scheduler: after the load it holds {found}; its "
+                        "load_state_dict() was not given the saved state, so the resumed run "
+                        "restarts its warmup"
+                    )
+                _assert_same_lrs(out["lrs"], self.expected_lrs, segment, where)
 
     @invariant()
     def tracks_the_plain_model(self) -> None:
@@ -208,12 +252,30 @@ class ResumeMachine(RuleBasedStateMachine):
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+def _assert_same_lrs(
+    found: list[dict[str, Any]], expected: list[dict[str, Any]], segment: Segment, where: str
+) -> None:
+    """CKPT-RT-5 on the learning rates: after the set-up (or the load) and after each step of
+    ``segment``, the scheduler's ``get_last_lr()`` and the optimizer groups' ``lr`` are the
+    run's that never stopped."""
+    first = f"after the load of {segment.source}" if segment.source else "at the start"
+    steps = [op for op in segment.ops if isinstance(op, Step)]
+    labels = [first] + [f"after step {s.index + 1}" for s in steps]
+    for label, got, want in zip(labels, found, expected, strict=True):
+        for key, what in (("last_lr", "the scheduler's last_lr"), ("group_lrs", "the groups' lr")):
+            assert got[key] == want[key], (
+                f"CKPT-RT-5: {where}, {label}: {what} {got[key]} where the run that never "
+                f"stopped has {want[key]} ({what} at each point: "
+                f"{[g[key] for g in found]}, expected {[e[key] for e in expected]})"
+            )
+
+
 # A state machine runs inside a plain test function, so the plugin's timeout scaled to the
 # profile does not reach it: the same rule here (300 s under ci and dev, 7500 under
 # nightly, whose 75 sessions ran past 300 s on this machine). Sessions: half the profile's
 # examples (ci 3, dev 12, nightly 125).
 @pytest.mark.timeout(max(300, 30 * settings().max_examples))
-@pytest.mark.clause("CKPT-RT-5", "MP-3")
+@pytest.mark.clause("CKPT-RT-5", "CKPT-SAVE-4", "MP-3")
 def test_resume_equals_training_without_stopping() -> None:
     base = settings().max_examples
     run_state_machine_as_test(

@@ -3,7 +3,11 @@ CKPT-BUF-1 (and MP-3): full and sharded round trips at one world size, both fami
 
 One job per example: train (0-2 steps), save model, optimizer and user metadata, read what
 was saved with torch's own gathered-state APIs, load into fresh objects (another seed and
-learning rate), read again, then take one more step with both and compare. Moved state is
+learning rate), read again, then take one more step with both and compare. The metadata
+always holds a learning-rate scheduler over the optimizer (torch's ``LambdaLR`` with a linear
+warmup, stepped as often as the optimizer: :mod:`suites.lib.shared.lr_schedules`), asked
+back into a fresh one: after the load the caller's scheduler holds the saved
+``state_dict()`` and ``get_last_lr()`` (CKPT-SAVE-4). Moved state is
 compared bitwise; the on-disk format is checked against MP-3 / ``state_dict_type``. The job
 and its comparisons live in ``suites/lib`` (the configuration cover runs them too).
 

@@ -20,10 +20,10 @@ value too:
 - load into fresh objects of the same configuration (another init and learning rate) and
   compare what the two read back, bitwise (CKPT-RT-1 for full checkpoints, CKPT-RT-2 for
   sharded), the format on disk (MP-3 for the model-parallel family), the keys and buffers
-  (CKPT-BUF-1), the metadata (CKPT-LOAD-2, CKPT-SAVE-4), then one more step with both: the
-  same parameters (CKPT-STRICT-3: the loaded optimizer state is complete; CKPT-RT-5: two
-  steps, a save, a load into new objects and one more step end bitwise where three steps
-  without stopping end).
+  (CKPT-BUF-1), the metadata, a learning-rate scheduler among it (CKPT-LOAD-2,
+  CKPT-SAVE-4), then one more step with both: the same parameters (CKPT-STRICT-3: the loaded
+  optimizer state is complete; CKPT-RT-5: two steps, a save, a load into new objects and one
+  more step end bitwise where three steps without stopping end).
 """
 
 from __future__ import annotations

@@ -50,7 +50,9 @@ CHECKPOINTS = Section(
             "CKPT-SAVE-4",
             "Values of `state` that are neither the module nor an optimizer are metadata; an "
             "object with `state_dict()` and `load_state_dict()` is saved and restored through "
-            "those methods.",
+            "those methods. A learning-rate scheduler is such an object: after a load it "
+            "holds the saved `state_dict()` and `get_last_lr()`, so a resumed run goes on "
+            "along the saved learning-rate curve instead of restarting its warmup.",
         ),
         Clause(
             "CKPT-SAVE-5",

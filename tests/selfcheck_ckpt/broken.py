@@ -31,6 +31,7 @@ __all__ = [
     "local_shard_optimizer",
     "rekeys_in_parameters_order",
     "skips_optimizer_in_full_format",
+    "skips_stateful_metadata",
     "strict_false_raises_on_missing_keys",
 ]
 
@@ -163,6 +164,28 @@ class SkipsFullOptimizer:
         return {k: v for k, v in returned.items() if k not in state}
 
 
+class SkipsStatefulMetadata:
+    """Saves objects with ``state_dict()``/``load_state_dict()`` (a learning-rate scheduler)
+    but never restores them on load: the caller's object is left as it was, so a resumed
+    run restarts its scheduler's warmup. Everything else loads as the reference loads it."""
+
+    def load_checkpoint(self, path: Any, state: Any = None, strict: bool = True) -> Any:
+        if not isinstance(state, dict):
+            return super().load_checkpoint(path, state, strict)  # type: ignore[misc]
+        rest = {k: v for k, v in state.items() if not _is_stateful_metadata(v)}
+        returned = super().load_checkpoint(path, rest, strict)  # type: ignore[misc]
+        state.update(rest)
+        return {k: v for k, v in returned.items() if k not in state}
+
+
+def _is_stateful_metadata(value: Any) -> bool:
+    if isinstance(value, nn.Module) or _is_optimizer(value):
+        return False
+    return callable(getattr(value, "state_dict", None)) and callable(
+        getattr(value, "load_state_dict", None)
+    )
+
+
 class DropsSavedMetadata:
     """After saving, removes the metadata entries it wrote from the caller's ``state`` (a save
     that pops entries while building its file)."""
@@ -215,6 +238,11 @@ def rekeys_in_parameters_order(spec: StrategySpec) -> Any:
 def skips_optimizer_in_full_format(spec: StrategySpec) -> Any:
     """Factory: :class:`SkipsFullOptimizer` (breaks CKPT-RT-1)."""
     return _with_bug(spec, SkipsFullOptimizer)
+
+
+def skips_stateful_metadata(spec: StrategySpec) -> Any:
+    """Factory: :class:`SkipsStatefulMetadata` (breaks CKPT-SAVE-4)."""
+    return _with_bug(spec, SkipsStatefulMetadata)
 
 
 def drops_saved_metadata(spec: StrategySpec) -> Any:

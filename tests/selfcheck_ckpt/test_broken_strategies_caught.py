@@ -49,3 +49,43 @@ def test_broken_strategy_is_caught_on_its_clause(factory: str) -> None:
     line = re.search(rf"^\s+{re.escape(clause)}\s+(\S+)\s+(\S+): (.*)$", output, re.MULTILINE)
     assert line is not None, f"{factory}: no summary line for {clause}\n{tail}"
     assert line.group(1) == "failed", f"{factory}: {clause} is {line.group(1)}, not failed\n{tail}"
+
+
+#: the checks that carry a learning-rate scheduler in their metadata (CKPT-SAVE-4), each
+#: with what its failure says of a scheduler a load left as it was
+SCHEDULER_CHECKS = {
+    "suites/test_checkpoint_resume.py": "resumed from .* into a fresh warmup scheduler",
+    "suites/test_checkpoint_roundtrip.py": "after the load, the learning-rate scheduler",
+}
+
+
+def test_scheduler_left_as_it_was_is_caught() -> None:
+    """``skips_stateful_metadata`` saves the scheduler but never restores it (a resumed run
+    restarts its warmup): the resume check and the round trip each fail CKPT-SAVE-4 saying
+    what the scheduler holds after the load and what was saved (one inner run, stopping at
+    the second failure)."""
+    args = [
+        "--strategy",
+        "selfcheck_ckpt.broken:skips_stateful_metadata",
+        "--clauses",
+        "CKPT-SAVE-4",
+        "--maxfail=2",
+        "--nproc",
+        "4",
+        "--hypothesis-profile=selfcheck",
+        "-q",
+    ]
+    result = run_suites(args, timeout=170, suites=sorted(SCHEDULER_CHECKS))
+    output = result.stdout + result.stderr
+    tail = output[-4000:]
+    assert result.returncode == 1, f"the suites did not fail (rc={result.returncode})\n{tail}"
+    line = re.search(r"^\s+CKPT-SAVE-4\s+(\S+)\s", output, re.MULTILINE)
+    status = line.group(1) if line else "missing"
+    assert status == "failed", f"CKPT-SAVE-4 is {status}, not failed\n{tail}"
+    for suite, what in SCHEDULER_CHECKS.items():
+        told = re.search(
+            rf"AssertionError: CKPT-SAVE-4: .*{what}.* holds last_lr \[.+\] "
+            r"\(last_epoch \d+\) where \[.+\] \(last_epoch \d+\) was saved",
+            output,
+        )
+        assert told is not None, f"{suite}: no failure saying found vs saved\n{tail}"

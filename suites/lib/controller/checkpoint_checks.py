@@ -21,6 +21,7 @@ from torch import Tensor
 from suites.lib.controller.session_twin import Twin, assert_matches
 from suites.lib.controller.tolerances import tolerance
 from suites.lib.shared.checkpoint_specs import make_metadata, plain_metadata
+from suites.lib.shared.lr_schedules import SCHEDULER_KEY, WARMUP_STEPS, scheduler_difference
 from suites.lib.shared.models import build_model
 from suites.lib.shared.session_ops import Step
 
@@ -37,6 +38,7 @@ __all__ = [
     "check_on_disk",
     "check_refusal",
     "check_round_trip",
+    "check_scheduler",
     "convert_offline",
     "standard_form",
     "tree_diff",
@@ -218,10 +220,35 @@ def check_on_disk(plan: CkptPlan, path: str) -> None:
         f"CKPT-BUF-1: the full file's model keys {sorted(content['model'])} differ from the "
         f"plain model's state_dict keys {sorted(plain)}"
     )
-    if "counter" in content:
-        assert isinstance(content["counter"], dict), (
-            "CKPT-SAVE-4: an object with state_dict() must be saved as its state dict, found "
-            f"{type(content['counter']).__name__}"
+    for key in ("counter", SCHEDULER_KEY):
+        if key in content:
+            assert isinstance(content[key], dict), (
+                f"CKPT-SAVE-4: the full file holds a {type(content[key]).__name__} under "
+                f"{key!r}; an object with state_dict() must be saved as its state dict"
+            )
+
+
+#: the scheduler of the checks, in messages
+SCHEDULER = f"the learning-rate scheduler (torch's LambdaLR, {WARMUP_STEPS}-step linear warmup)"
+
+
+def check_scheduler(scheduler: dict[str, Any], *, where: str) -> None:
+    """CKPT-SAVE-4 on the scheduler a round trip saves and asks back (``out["scheduler"]``
+    of :func:`~suites.lib.ranks.checkpoint_jobs.round_trip_rank`): the caller's own object
+    is still in ``state`` and holds the saved ``state_dict()`` and ``get_last_lr()``."""
+    replaced = scheduler["replaced_by"]
+    if replaced is not None:
+        raise AssertionError(
+            f"CKPT-SAVE-4: {where}: {SCHEDULER} passed in state[{SCHEDULER_KEY!r}] was "
+            f"replaced by a {replaced}; an object with load_state_dict() is restored in place "
+            "through it (CKPT-LOAD-2), so the caller's scheduler goes on from the saved state"
+        )
+    found = scheduler_difference(scheduler["loaded"], scheduler["saved"])
+    if found:
+        raise AssertionError(
+            f"CKPT-SAVE-4: {where}: after the load, {SCHEDULER} holds {found}; its "
+            "load_state_dict() was not given the saved state (a resumed run would restart "
+            "its warmup)"
         )
 
 
@@ -251,6 +278,7 @@ def check_round_trip(plan: CkptPlan, out: dict[str, Any], rank: int) -> None:
         assert not {"embed.weight", "head.weight"} <= stateful, (
             f"CKPT-STRICT-3: {where}: the tied weight has state under both of its names"
         )
+    check_scheduler(out["scheduler"], where=where)
     expected_meta = plain_metadata(make_metadata(plan.meta))
     for key in plan.requested:
         found = tree_diff(out["restored"][key], expected_meta[key], f"state[{key!r}]")

@@ -36,6 +36,12 @@ from suites.lib.shared.checkpoint_specs import (
     plain_metadata,
 )
 from suites.lib.shared.files import files_digest
+from suites.lib.shared.lr_schedules import (
+    SCHEDULER_KEY,
+    make_scheduler,
+    read_scheduler,
+    step_scheduler,
+)
 from suites.lib.shared.models import BlockSpec, ModelSpec, build_model, clean_name
 from suites.lib.shared.specs import (
     FSDP2Config,
@@ -248,6 +254,11 @@ def round_trip_rank(
     """Rank job: train ``plan.save`` and save it with metadata; load into fresh objects of
     ``plan.load``; read both with torch's gathered-state APIs; then one more step with each.
 
+    The metadata always holds a learning-rate scheduler
+    (:func:`~suites.lib.shared.lr_schedules.make_scheduler`, under ``SCHEDULER_KEY``) over
+    the optimizer, stepped as often as it; the load asks for it back into a fresh scheduler
+    over the fresh optimizer (CKPT-SAVE-4, CKPT-LOAD-2).
+
     Args:
         ctx: the harness ``RankContext``.
         plan: the round trip (``plan.load`` at the same world size).
@@ -263,12 +274,18 @@ def round_trip_rank(
 
     Returns:
         ``saved``, ``loaded``, ``restored``, ``same_counter``, ``returned``, ``volatile``,
-        ``after_step`` (see :func:`suites.lib.controller.checkpoint_checks.check_round_trip`),
-        plus ``trained``, ``before`` and ``dtypes`` with ``effects``.
+        ``scheduler``, ``after_step`` (see
+        :func:`suites.lib.controller.checkpoint_checks.check_round_trip`), plus ``trained``,
+        ``before`` and ``dtypes`` with ``effects``.
     """
     path = path_for(directory, plan.fmt)
     t = build(ctx, plan.save, plan.fmt)
     trained = train_plan(t, plan.save)
+    # the scheduler comes after training (which runs at the scenario's rate, as TRAIN-1's
+    # plain model does) and catches up with the optimizer's steps: the state it saves is
+    # the state of a scheduler stepped alongside
+    scheduler = make_scheduler(t.optimizer)
+    step_scheduler(scheduler, plan.save.plan.steps)
     extra: dict[str, Any] = {}
     if effects:
         trained.rank = ctx.rank
@@ -279,20 +296,29 @@ def round_trip_rank(
         }
         extra = {"trained": trained, "before": read_state(t), "dtypes": dtypes}
     t.strategy.save_checkpoint(
-        path, {"model": t.model, "optimizer": t.optimizer, **make_metadata(plan.meta)}
+        path,
+        {
+            "model": t.model,
+            "optimizer": t.optimizer,
+            SCHEDULER_KEY: scheduler,
+            **make_metadata(plan.meta),
+        },
     )
     read = read_unstepped if plan.save.plan.steps == 0 else read_state
     saved = read(t)  # after the save (which must not have stepped an optimizer without state)
 
     f = build(ctx, plan.load, plan.fmt)
+    fresh_scheduler = make_scheduler(f.optimizer)  # built before the load, as a trainer does
     state: dict[str, Any] = {
         "model": f.model,
         "optimizer": f.optimizer,
+        SCHEDULER_KEY: fresh_scheduler,
         **fresh_metadata(plan.requested),
     }
     counter = state.get("counter")
     returned = f.strategy.load_checkpoint(path, state)
     loaded = read(f)
+    restored_scheduler = state.get(SCHEDULER_KEY)
     plain = build_model(plan.load.model, "meta")
     volatile = set(dict(plain.named_buffers())) - set(plain.state_dict())
     out = {
@@ -302,6 +328,13 @@ def round_trip_rank(
         "same_counter": counter is None or state["counter"] is counter,
         "returned": plain_metadata(dict(returned or {})),
         "volatile": nonpersistent_buffers(f.model, volatile),
+        "scheduler": {  # the caller's object after the load, whatever state[key] holds
+            "saved": read_scheduler(scheduler),
+            "loaded": read_scheduler(fresh_scheduler),
+            "replaced_by": (
+                None if restored_scheduler is fresh_scheduler else type(restored_scheduler).__name__
+            ),
+        },
         **extra,
     }
     copy_buffers(f.model, t.model, volatile)  # not saved by design: align them to step on

@@ -5,6 +5,13 @@ A :class:`Segment` is what one strategy instance does: set up (fresh init, or fr
 loaded from ``source``), then its steps and saves so far. The ranks keep nothing between
 jobs, so every rule of the machine sends its segment again (:func:`segment_rank`). The
 segment and its ops are drawn in the controller and travel to the ranks as data.
+
+Every segment trains under a warmup scheduler
+(:func:`~suites.lib.shared.lr_schedules.make_scheduler`) built over its optimizer before
+anything else, stepped after each optimizer step and saved with model and optimizer under
+``SCHEDULER_KEY``; a resumed segment asks for it back into its fresh scheduler. The job
+returns the learning rates it went through, for the controller to hold against the
+uninterrupted run's.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from typing import Any
 from suites.lib.ranks.checkpoint_jobs import build
 from suites.lib.ranks.readers import gathered_state
 from suites.lib.ranks.training import end, micro_step
+from suites.lib.shared.lr_schedules import SCHEDULER_KEY, make_scheduler, read_scheduler
 from suites.lib.shared.session_ops import Step
 from suites.lib.shared.specs import Scenario
 
@@ -52,16 +60,27 @@ def _take_step(t: Any, scenario: Scenario, step: Step, dp_rank: int) -> None:
 
 
 def segment_rank(ctx: Any, segment: Segment) -> dict[str, Any]:
-    """Replay ``segment`` on this rank; return the gathered parameters."""
+    """Replay ``segment`` on this rank.
+
+    Returns:
+        ``state``: the gathered parameters at the end; ``lrs``: the scheduler's reading
+        (:func:`~suites.lib.shared.lr_schedules.read_scheduler`) after the set-up (and the
+        load) and after each step, the first with the scheduler's ``state_dict()``.
+    """
     t = build(ctx, segment.scenario, segment.fmt)
+    scheduler = make_scheduler(t.optimizer)
+    objects = {"model": t.model, "optimizer": t.optimizer, SCHEDULER_KEY: scheduler}
     if segment.source is not None:
-        t.strategy.load_checkpoint(segment.source, {"model": t.model, "optimizer": t.optimizer})
+        t.strategy.load_checkpoint(segment.source, dict(objects))
+    lrs = [read_scheduler(scheduler)]
     dp_rank = t.strategy.distributed_sampler_kwargs["rank"]
     for op in segment.ops:
         if isinstance(op, Step):
             _take_step(t, segment.scenario, op, dp_rank)
+            scheduler.step()
+            lrs.append({k: v for k, v in read_scheduler(scheduler).items() if k != "state"})
         else:
-            t.strategy.save_checkpoint(op.path, {"model": t.model, "optimizer": t.optimizer})
+            t.strategy.save_checkpoint(op.path, dict(objects))
     state = gathered_state(t.model)
     end(t.strategy)
-    return {"state": state}
+    return {"state": state, "lrs": lrs}

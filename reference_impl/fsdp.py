@@ -39,6 +39,7 @@ from reference_impl.fsdp_options import (
     resolve_device_mesh,
     resolve_fsdp_kwargs,
     resolve_sharding_strategy,
+    resolve_state_dict_type,
 )
 from reference_impl.fsdp_workarounds import (
     allow_low_precision_shared_grads,
@@ -129,12 +130,7 @@ class FSDPStrategy(ShardedStrategyBase):
         self.activation_checkpointing_policy = resolve_activation_checkpointing(
             activation_checkpointing, activation_checkpointing_policy
         )
-        if state_dict_type not in ("full", "sharded"):
-            raise ValueError(
-                f"state_dict_type={state_dict_type!r} is not supported; use 'full' (one file "
-                "written by rank 0) or 'sharded' (a torch.distributed.checkpoint directory)."
-            )
-        self.state_dict_type = state_dict_type
+        self.state_dict_type = resolve_state_dict_type(state_dict_type)
         self._fsdp_kwargs = resolve_fsdp_kwargs(kwargs)
         world = dist.get_world_size() if dist.is_initialized() else None
         self._mesh_option = resolve_device_mesh(device_mesh, self.sharding_strategy, world)

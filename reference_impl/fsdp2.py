@@ -23,13 +23,11 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from reference_impl import meta_init
 from reference_impl import model_parallel_ops as ops
-from reference_impl.base import DEFAULT_TIMEOUT, ShardedStrategyBase
+from reference_impl.base import DEFAULT_TIMEOUT
 from reference_impl.fsdp2_options import (
     check_reshard_size,
     resolve_mesh,
@@ -38,7 +36,12 @@ from reference_impl.fsdp2_options import (
     resolve_wrap_policy,
     units_of,
 )
-from reference_impl.fsdp_options import check_mesh_size, resolve_activation_checkpointing
+from reference_impl.fsdp_options import (
+    check_mesh_size,
+    resolve_activation_checkpointing,
+    resolve_state_dict_type,
+)
+from reference_impl.fully_shard_base import FullyShardStrategyBase
 from reference_impl.policies import apply_activation_checkpointing, select_modules
 from reference_impl.precision import Precision
 
@@ -48,8 +51,11 @@ __all__ = ["FSDP2_MESH_DIM_NAMES", "FSDP2Strategy"]
 FSDP2_MESH_DIM_NAMES = ("replicate", "shard")
 
 
-class FSDP2Strategy(ShardedStrategyBase):
+class FSDP2Strategy(FullyShardStrategyBase):
     """Shard a model with FSDP2 (``torch.distributed.fsdp.fully_shard``).
+
+    What it shares with the model_parallel family (the mesh, the optimizer checks, clipping)
+    is :class:`~reference_impl.fully_shard_base.FullyShardStrategyBase`'s.
 
     Args:
         precision: a precision string or plugin. The mixed modes become the units'
@@ -74,6 +80,8 @@ class FSDP2Strategy(ShardedStrategyBase):
         timeout: timeout if the strategy initializes the process group.
         root_device: the rank's device (default: see ``ShardedStrategyBase``).
     """
+
+    _sharded_by = "fully_shard"
 
     def __init__(
         self,
@@ -100,19 +108,12 @@ class FSDP2Strategy(ShardedStrategyBase):
         self.activation_checkpointing_policy = resolve_activation_checkpointing(
             activation_checkpointing, activation_checkpointing_policy
         )
-        if state_dict_type not in ("full", "sharded"):
-            raise ValueError(
-                f"state_dict_type={state_dict_type!r} is not supported; use 'full' (one file "
-                "written by rank 0) or 'sharded' (a torch.distributed.checkpoint directory)."
-            )
-        self.state_dict_type = state_dict_type
+        self.state_dict_type = resolve_state_dict_type(state_dict_type)
         self.offload_policy = resolve_offload(cpu_offload)
         world = dist.get_world_size() if dist.is_initialized() else None
         self._mesh_option = resolve_mesh(device_mesh, world)
-        self._device_mesh: DeviceMesh | None = (
-            self._mesh_option if isinstance(self._mesh_option, DeviceMesh) else None
-        )
-        self._modules: list[nn.Module] = []
+        if isinstance(self._mesh_option, DeviceMesh):
+            self._device_mesh = self._mesh_option
 
     # ------------------------------------------------------------------ environment
     @override
@@ -139,16 +140,6 @@ class FSDP2Strategy(ShardedStrategyBase):
         check_reshard_size(self.reshard_after_forward, self.device_mesh.size(-1))
 
     @property
-    def device_mesh(self) -> DeviceMesh:
-        """The mesh ``fully_shard`` shards over (built by ``setup_environment``)."""
-        if self._device_mesh is None:
-            raise RuntimeError(
-                f"{type(self).__name__}.device_mesh is built by setup_environment(); "
-                "call strategy.setup_environment() before reading it."
-            )
-        return self._device_mesh
-
-    @property
     def mp_policy(self) -> MixedPrecisionPolicy:
         """The ``MixedPrecisionPolicy`` every unit gets: the low dtype for parameters in
         forward and for gradient reduction under a mixed precision, none under a true one."""
@@ -173,20 +164,13 @@ class FSDP2Strategy(ShardedStrategyBase):
                 has no ``reset_parameters``.
         """
         self._ensure_environment()
-        wrapped = [name for name, mod in module.named_modules() if isinstance(mod, FSDP1)]
-        if wrapped:
-            raise TypeError(
-                "The module contains FullyShardedDataParallel (FSDP1) wrappers at "
-                f"{ops.describe_names(wrapped)}; {type(self).__name__} shards with FSDP2 "
-                "(fully_shard). Pass the plain module."
-            )
+        self._refuse_fsdp1(module, "shards with FSDP2 (fully_shard). Pass the plain module.")
         checkpointed = (
             select_modules(module, self.activation_checkpointing_policy)
             if self.activation_checkpointing_policy is not None
             else []
         )
-        if self.precision.param_dtype != torch.float32 and not self.precision.is_mixed:
-            module.to(dtype=self.precision.param_dtype)  # true modes
+        self._cast_true_precision(module)
         kwargs: dict[str, Any] = {
             "mesh": self.device_mesh,
             "reshard_after_forward": self.reshard_after_forward,
@@ -206,51 +190,10 @@ class FSDP2Strategy(ShardedStrategyBase):
                 fully_shard(unit, **kwargs)  # post-order: inner units first
         if not isinstance(module, FSDPModule):
             fully_shard(module, **kwargs)
-        if meta_init.has_meta_tensors(module):
-            ops.materialize(module, self.root_device)
-        self.precision.cast_running_stats(module)  # BatchNorm under a low param_dtype
+        self._finish_setup(module)
         if checkpointed:
             apply_activation_checkpointing(module, checkpointed)
-        self._modules.append(module)
         return module
-
-    @override
-    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
-        """Return ``optimizer`` after checking it steps the set-up module's parameters (API-2).
-
-        Raises:
-            ValueError: it holds none of them (it was created before ``setup_module``).
-        """
-        owned = {id(p) for module in self._modules for p in module.parameters()}
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        if not any(id(p) in owned for p in params):
-            raise ValueError(
-                f"The optimizer {type(optimizer).__name__} references none of the parameters "
-                "of a module set up by this strategy (fully_shard replaces them with sharded "
-                "DTensor parameters). Create the optimizer after setup_module, from the "
-                "returned module's parameters()."
-            )
-        return optimizer
-
-    @override
-    def setup_module_and_optimizers(
-        self, module: nn.Module, optimizers: list[Optimizer]
-    ) -> tuple[nn.Module, list[Optimizer]]:
-        """Set up ``module``; optimizers must be created afterwards (API-2).
-
-        Raises:
-            ValueError: ``optimizers`` is not empty (``fully_shard`` replaces every
-                parameter, so they would step the old tensors); nothing is set up then.
-        """
-        if optimizers:
-            raise ValueError(
-                f"{type(self).__name__}.setup_module_and_optimizers(module, "
-                f"optimizers=[{len(optimizers)} optimizer(s)]): fully_shard replaces the "
-                "module's parameters with DTensors, so these optimizers would not step them. "
-                "Call setup_module(module) first, create the optimizers from the returned "
-                "module's parameters(), then pass each to setup_optimizer()."
-            )
-        return self.setup_module(module), []
 
     # ------------------------------------------------------------------ training
     def _require_root(self, module: nn.Module, what: str) -> nn.Module:
@@ -294,21 +237,8 @@ class FSDP2Strategy(ShardedStrategyBase):
             RuntimeError: the norm is not finite and ``error_if_nonfinite`` is true.
         """
         root = self._require_root(module, "clip_gradients_norm")
-        norm_type = float(norm_type)
-        if not (norm_type > 0):
-            raise ValueError(f"norm_type={norm_type!r} must be positive (or math.inf).")
-        self.precision.unscale_gradients(optimizer, root)
-        params = list(root.parameters())
-        grads = [p.grad for p in params if p.grad is not None]
-        total = ops.grad_norm(grads, norm_type, self.root_device)
-        if error_if_nonfinite and not torch.isfinite(total):
-            raise RuntimeError(
-                f"The total norm of order {norm_type} of the gradients is {total.item()} (not "
-                "finite); gradients were left unclipped. Pass error_if_nonfinite=False to clip "
-                "anyway, or find the source of the nan/inf."
-            )
-        ops.scale_grads_(grads, max_norm, total)
-        return total
+        order = self._norm_order(norm_type)
+        return self._clip_dtensor_grads(root, optimizer, max_norm, order, error_if_nonfinite)
 
     # ------------------------------------------------------------------ teardown
     @override

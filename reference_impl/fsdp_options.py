@@ -26,6 +26,7 @@ __all__ = [
     "resolve_device_mesh",
     "resolve_fsdp_kwargs",
     "resolve_sharding_strategy",
+    "resolve_state_dict_type",
 ]
 
 HYBRID_STRATEGIES = (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
@@ -72,6 +73,21 @@ def resolve_cpu_offload(value: bool | CPUOffload | None) -> CPUOffload:
             "path needs pinned accelerator memory. Use cpu_offload=False here."
         )
     return offload
+
+
+def resolve_state_dict_type(value: str) -> str:
+    """The checkpoint format ``save_checkpoint`` writes: ``"full"`` or ``"sharded"`` (shared
+    with :class:`~reference_impl.fsdp2.FSDP2Strategy`).
+
+    Raises:
+        ValueError: any other value; the message names it and the two formats.
+    """
+    if value not in ("full", "sharded"):
+        raise ValueError(
+            f"state_dict_type={value!r} is not supported; use 'full' (one file "
+            "written by rank 0) or 'sharded' (a torch.distributed.checkpoint directory)."
+        )
+    return value
 
 
 def resolve_activation_checkpointing(legacy: Any, policy: Any) -> Policy | None:

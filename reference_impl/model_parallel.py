@@ -20,15 +20,14 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
 from harness import torch_compat
-from reference_impl import meta_init
 from reference_impl import model_parallel_ops as ops
-from reference_impl.base import DEFAULT_TIMEOUT, ShardedStrategyBase
+from reference_impl.base import DEFAULT_TIMEOUT
+from reference_impl.fully_shard_base import FullyShardStrategyBase
 from reference_impl.precision import Precision
 
 __all__ = ["MESH_DIM_NAMES", "ModelParallelStrategy"]
@@ -39,8 +38,11 @@ ParallelSize = int | Literal["auto"]
 ParallelizeFn = Callable[[nn.Module, DeviceMesh], nn.Module]
 
 
-class ModelParallelStrategy(ShardedStrategyBase):
+class ModelParallelStrategy(FullyShardStrategyBase):
     """Data parallelism (FSDP2) x tensor parallelism applied by a user ``parallelize_fn``.
+
+    What it shares with the fsdp2 family (the mesh, the optimizer checks, clipping) is
+    :class:`~reference_impl.fully_shard_base.FullyShardStrategyBase`'s.
 
     Args:
         parallelize_fn: ``fn(module, device_mesh) -> module`` applying ``fully_shard`` on
@@ -59,6 +61,8 @@ class ModelParallelStrategy(ShardedStrategyBase):
         timeout: timeout of a process group the strategy initializes.
         root_device: the rank's device (default: see ``ShardedStrategyBase``).
     """
+
+    _sharded_by = "parallelize_fn"
 
     def __init__(
         self,
@@ -92,8 +96,6 @@ class ModelParallelStrategy(ShardedStrategyBase):
         self._data_parallel_size = _check_size("data_parallel_size", data_parallel_size)
         self._tensor_parallel_size = _check_size("tensor_parallel_size", tensor_parallel_size)
         self._save_distributed_checkpoint = save_distributed_checkpoint
-        self._device_mesh: DeviceMesh | None = None
-        self._modules: list[nn.Module] = []
 
     # ------------------------------------------------------------------ environment
     @override
@@ -123,16 +125,6 @@ class ModelParallelStrategy(ShardedStrategyBase):
         )
 
     @property
-    def device_mesh(self) -> DeviceMesh:
-        """The ``data_parallel`` x ``tensor_parallel`` mesh (built by ``setup_environment``)."""
-        if self._device_mesh is None:
-            raise RuntimeError(
-                f"{type(self).__name__}.device_mesh is built by setup_environment(); "
-                "call strategy.setup_environment() before reading it."
-            )
-        return self._device_mesh
-
-    @property
     @override
     def distributed_sampler_kwargs(self) -> dict[str, int]:
         """Size of the ``data_parallel`` mesh dim and this rank's coordinate on it (API-6)."""
@@ -157,17 +149,13 @@ class ModelParallelStrategy(ShardedStrategyBase):
                 precision, or ``data_parallel_size > 1`` without any FSDP2 module.
         """
         self._ensure_environment()
-        wrapped = [name for name, mod in module.named_modules() if isinstance(mod, FSDP1)]
-        if wrapped:
-            raise TypeError(
-                "The module contains FullyShardedDataParallel (FSDP1) wrappers at "
-                f"{ops.describe_names(wrapped)}; {type(self).__name__} works with FSDP2 "
-                "(fully_shard) and DTensor only. Pass the plain module and apply fully_shard "
-                "in parallelize_fn."
-            )
+        self._refuse_fsdp1(
+            module,
+            "works with FSDP2 (fully_shard) and DTensor only. Pass the plain module and apply "
+            "fully_shard in parallelize_fn.",
+        )
         mesh = self.device_mesh
-        if self.precision.param_dtype != torch.float32 and not self.precision.is_mixed:
-            module.to(dtype=self.precision.param_dtype)  # true modes: the strategy applies them
+        self._cast_true_precision(module)  # true modes: the strategy applies them
         result = self._parallelize_fn(module, mesh)
         if not isinstance(result, nn.Module):
             raise TypeError(
@@ -176,51 +164,8 @@ class ModelParallelStrategy(ShardedStrategyBase):
             )
         self._check_data_parallel(result)
         self._check_precision_policy(result)
-        if meta_init.has_meta_tensors(result):
-            ops.materialize(result, self.root_device)
-        self.precision.cast_running_stats(result)  # BatchNorm under FSDP2's param_dtype
-        self._modules.append(result)
+        self._finish_setup(result)
         return result
-
-    @override
-    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
-        """Return ``optimizer`` after checking it steps the set-up module's parameters (API-2).
-
-        Raises:
-            ValueError: no parameter of ``optimizer`` belongs to a module set up by this
-                strategy (it was created before ``setup_module``).
-        """
-        owned = {id(p) for module in self._modules for p in module.parameters()}
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        if not any(id(p) in owned for p in params):
-            raise ValueError(
-                f"The optimizer {type(optimizer).__name__} references none of the parameters "
-                "of a module set up by this strategy (setup_module replaces them with sharded "
-                "DTensor parameters). Create the optimizer after setup_module, from "
-                "the returned module's parameters()."
-            )
-        return optimizer
-
-    @override
-    def setup_module_and_optimizers(
-        self, module: nn.Module, optimizers: list[Optimizer]
-    ) -> tuple[nn.Module, list[Optimizer]]:
-        """Set up ``module``; optimizers must be created afterwards (API-2).
-
-        Raises:
-            ValueError: ``optimizers`` is not empty. ``setup_module`` replaces every
-                parameter with a DTensor, so an optimizer created before it would step the
-                old tensors; nothing is set up in that case.
-        """
-        if optimizers:
-            raise ValueError(
-                f"{type(self).__name__}.setup_module_and_optimizers(module, "
-                f"optimizers=[{len(optimizers)} optimizer(s)]): parallelize_fn replaces the "
-                "module's parameters with DTensors, so these optimizers would not step them. "
-                "Call setup_module(module) first, create the optimizers from the returned "
-                "module's parameters(), then pass each to setup_optimizer()."
-            )
-        return self.setup_module(module), []
 
     def _check_data_parallel(self, module: nn.Module) -> None:
         dp_size = self.device_mesh[MESH_DIM_NAMES[0]].size()
@@ -303,32 +248,14 @@ class ModelParallelStrategy(ShardedStrategyBase):
             ValueError: ``norm_type`` is not a norm's order (0, negative, nan).
             RuntimeError: the norm is not finite and ``error_if_nonfinite`` is true.
         """
-        # [Note: norm_type 0] torch.nn.utils.get_total_norm takes norm_type=0 (a count of the
-        # non-zero elements, not a norm) and this method used to pass it on: the "norm" it
-        # returned was the count of non-zero per-group norms, and clipping scaled the
-        # gradients by max_norm over it. CLIP-1 refuses 0, negative orders and nan with
-        # ValueError, as the fsdp family already did, before anything is unscaled or scaled.
-        norm_type = float(norm_type)
-        if not (norm_type > 0):
-            raise ValueError(f"norm_type={norm_type!r} must be positive (or math.inf).")
-        params = list(module.parameters())
-        if not any(isinstance(p, DTensor) for p in params):
+        order = self._norm_order(norm_type)  # checked first: see [Note: norm_type 0]
+        if not any(isinstance(p, DTensor) for p in module.parameters()):
             raise TypeError(
                 f"clip_gradients_norm(module={type(module).__name__}) needs the module returned "
                 "by ModelParallelStrategy.setup_module (with DTensor parameters); this one has "
                 "none."
             )
-        self.precision.unscale_gradients(optimizer, module)
-        grads = [p.grad for p in params if p.grad is not None]
-        total = ops.grad_norm(grads, norm_type, self.root_device)
-        if error_if_nonfinite and not torch.isfinite(total):
-            raise RuntimeError(
-                f"The total norm of order {norm_type} of the gradients is {total.item()} (not "
-                "finite); gradients were left unclipped. Pass error_if_nonfinite=False to clip "
-                "anyway, or find the source of the nan/inf."
-            )
-        ops.scale_grads_(grads, max_norm, total)
-        return total
+        return self._clip_dtensor_grads(module, optimizer, max_norm, order, error_if_nonfinite)
 
     # ------------------------------------------------------------------ teardown
     @override

@@ -1,6 +1,12 @@
 """CONTRACT.md SHARD-1, SHARD-2, WRAP-1, WRAP-2, AC-1 and AC-2: sharding layout,
 consistency, wrap policies, activation checkpointing.
 
+SHARD-1 is checked here for the fsdp family (FSDP1's flat parameters) and the fsdp2 family
+(DTensor rows over the shard dimension), and in ``test_model_parallel.py`` for the
+model_parallel family. WRAP-1 and WRAP-2 speak of FSDP1 units (the fsdp2 family's are
+FSDP2-1's, in ``test_fsdp2.py``); AC-1 and AC-2 run the two families that checkpoint by their
+own policy.
+
 Every test drives the strategy only through ``ctx.make_strategy`` (``--strategy``) and
 reads the result with torch's own APIs (``suites/lib/ranks/readers.py``,
 ``suites/lib/ranks/structure.py``).
@@ -10,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -30,6 +37,7 @@ from suites.lib.controller.scenarios import job_world, scenarios, train_plans
 from suites.lib.controller.tolerances import EXACT
 from suites.lib.ranks.sharding_jobs import (
     ac_rank,
+    dtensor_layout_rank,
     layout_rank,
     prechecked_rank,
     prewrapped_rank,
@@ -49,8 +57,13 @@ FAMILIES = st.sampled_from(["fsdp", "model_parallel", "fsdp2"])
 SELF_SHARDING = st.sampled_from(["fsdp", "fsdp2"])
 
 
+def _of(family: str) -> Callable[[Scenario], bool]:
+    """The SHARD-1 check of ``family`` runs that family's rows of the clause's cover."""
+    return lambda scenario: scenario.family == family
+
+
 @pytest.mark.clause("SHARD-1")
-@covering_examples("SHARD-1")
+@covering_examples("SHARD-1", part=_of("fsdp"))
 @given(scenarios("fsdp", wrap_kinds=("none", "classes", "size")))
 def test_each_rank_holds_its_share_of_every_unit(scenario: Scenario) -> None:
     config = scenario.strategy
@@ -75,6 +88,34 @@ def test_each_rank_holds_its_share_of_every_unit(scenario: Scenario) -> None:
             )
         # the union of the shards is the full model: torch's gather gives the eager init
         assert_close_state(result["state"], initial, EXACT, what=f"rank {rank}: parameter")
+
+
+@pytest.mark.clause("SHARD-1")
+@covering_examples("SHARD-1", part=_of("fsdp2"))
+@given(scenarios("fsdp2"))
+def test_each_rank_holds_its_rows_of_every_fsdp2_parameter(scenario: Scenario) -> None:
+    config = scenario.strategy
+    assert isinstance(config, FSDP2Config)
+    shards = scenario.shard_factor
+    want_placements = (
+        ("Shard(dim=0)",) if config.device_mesh is None else ("Replicate()", "Shard(dim=0)")
+    )
+    initial = reference_run(scenario, steps=0).initial
+    for rank, out in enumerate(run(dtensor_layout_rank, scenario, world_size=scenario.world_size)):
+        shard = rank % shards  # the mesh is (replicate, shard), row-major over the ranks
+        for name, (placements, local, full) in out["params"].items():
+            where = f"rank {rank}: parameter {name!r} {full} (placements {placements})"
+            assert placements == want_placements, (
+                f"{where}: must be a DTensor with placements {want_placements}"
+            )
+            rows = math.ceil(full[0] / shards)
+            want = max(0, min(rows, full[0] - shard * rows))
+            assert local[0] == want and local[1:] == full[1:], (
+                f"{where}: holds {local[0]} of {full[0]} rows; shard {shard} of {shards} must "
+                f"hold {want}"
+            )
+        # the union of the shards is the full model: torch's gather gives the eager init
+        assert_close_state(out["state"], initial, EXACT, what=f"rank {rank}: parameter")
 
 
 @pytest.mark.clause("SHARD-2")
@@ -171,8 +212,11 @@ def test_checkpointing_wraps_exactly_the_selected_modules(scenario: Scenario) ->
 
 
 @pytest.mark.clause("AC-1")
-def test_checkpointing_leaves_an_already_checkpointed_model_alone() -> None:
-    scenario = _small_scenario(job_world(), ac=ACSpec("classes", ("Block",)))
+@pytest.mark.parametrize("family", ["fsdp", "fsdp2"])
+def test_checkpointing_leaves_an_already_checkpointed_model_alone(family: str) -> None:
+    ac = ACSpec("classes", ("Block",))
+    config = FSDPConfig(ac=ac) if family == "fsdp" else FSDP2Config(ac=ac)
+    scenario = dataclasses.replace(_small_scenario(job_world()), strategy=config)
     for rank, out in enumerate(run(prechecked_rank, scenario, world_size=scenario.world_size)):
         assert out["wrapped"] == ["blocks.0"] and not out["nested"], (
             f"rank {rank}: checkpoint wrappers {out['wrapped']} (nested: {out['nested']}); "

@@ -7,6 +7,11 @@ from harness.clauses.registry import Clause, Section
 
 __all__ = ["API", "CONSTRUCTION", "SHARDING", "TRAINING"]
 
+#: the fsdp2 family's values on the sharding axis: every one splits each parameter over the
+#: shard dimension (what ``reshard_after_forward`` changes comes after a forward; HSDP adds
+#: replicas of the shards)
+_FSDP2_LAYOUTS = ("reshard after forward", "no reshard after forward", "reshard to 2", "hsdp")
+
 API = Section(
     1,
     "The strategy object (API surface)",
@@ -171,14 +176,18 @@ SHARDING = Section(
             "holds everything; `HYBRID_SHARD` on a mesh (R, S) holds shards of one S-th, "
             "replicated R times. model_parallel family: each parameter handed to `fully_shard` "
             "is a DTensor split along dim 0 over the data-parallel mesh (ceil(dim0 / dp) rows "
-            "per rank), and tensor-parallel parameters have the placements their plan names.",
+            "per rank), and tensor-parallel parameters have the placements their plan names. "
+            "fsdp2 family: each parameter is a DTensor split along dim 0 over the mesh's shard "
+            "dimension (ceil(dim0 / shard) rows per rank) and, under HSDP, replicated over its "
+            "replicate dimension; the shards together are the whole model.",
             scope=(
-                ("family", ("fsdp",)),
+                ("family", ("fsdp", "fsdp2")),
                 (
                     "sharding",
                     (
                         "FULL_SHARD",
                         "SHARD_GRAD_OP",
+                        *_FSDP2_LAYOUTS,
                     ),
                 ),
             ),
@@ -189,9 +198,13 @@ SHARDING = Section(
         ),
         Clause(
             "WRAP-1",
-            "With a set of classes or a `ModuleWrapPolicy`, each instance of those classes is "
-            "an FSDP unit of its own, and the root is the only other unit. With a size-based or "
-            "callable policy, the units are exactly the modules the policy picks.",
+            "fsdp family (FSDP2-1 says it of the fsdp2 family): with a set of classes or a "
+            "`ModuleWrapPolicy`, each instance of those classes is an FSDP unit of its own, "
+            "and the root is the only other unit. With a size-based or callable policy, the "
+            "units are exactly the modules the policy picks.",
+            # FSDP1's units (FullyShardedDataParallel wrappers): the fsdp2 family's units are
+            # FSDPModules, and FSDP2-1 says the same of them; model_parallel's units are its
+            # parallelize_fn's, not a policy's
             scope=(("family", ("fsdp",)),),
         ),
         Clause(
@@ -212,13 +225,15 @@ SHARDING = Section(
             "`activation_checkpointing_policy` selects, never one checkpoint wrapper inside "
             "another; when the model already has checkpointed layers it warns and changes "
             "nothing.",
-            scope=(("family", ("fsdp",)),),
+            # the families that checkpoint by their own policy (model_parallel leaves it to
+            # its parallelize_fn)
+            scope=(("family", ("fsdp", "fsdp2")),),
         ),
         Clause(
             "AC-2",
             "Activation checkpointing leaves the numbers alone: losses and gradients are those "
             "of the same run without it.",
-            scope=(("family", ("fsdp",)),),
+            scope=(("family", ("fsdp", "fsdp2")),),
         ),
     ),
 )
@@ -259,6 +274,7 @@ TRAINING = Section(
                         "_HYBRID_SHARD_ZERO2",
                         "dp",
                         "dp+tp",
+                        *_FSDP2_LAYOUTS,
                     ),
                 ),
             ),

@@ -63,6 +63,7 @@ FSDP2 = Section(
         "module of its wrap policy (inner ones first), then on the root, with its own "
         "`reshard_after_forward`, mixed-precision policy (from the precision), offload policy "
         "and mesh: 1-D over the world, or 2-D `(replicate, shard)` for HSDP. Every other "
-        "clause applies to it as to the other families."
+        "clause applies to it as to the other families, but for those that name another "
+        "family only: WRAP-1 speaks of FSDP1's units, and FSDP2-1 is its fsdp2 counterpart."
     ),
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import pytest
 
@@ -116,14 +117,16 @@ def _values(scenarios: list, scope: dict) -> dict[str, set[str]]:
 
 
 def test_a_value_cover_takes_every_value_of_the_clause_scope_in_few_scenarios() -> None:
-    shard = value_cover(WORLDS, "SHARD-1")  # the fsdp family, FULL_SHARD and SHARD_GRAD_OP
+    # fsdp (FULL_SHARD and SHARD_GRAD_OP) and fsdp2 (each of its layouts)
+    shard = value_cover(WORLDS, "SHARD-1")
     scope = dict(CLAUSES["SHARD-1"].scope)
     declared = in_scope(universe(WORLDS), scope)
     declared.pop("checkpoint")  # the value cover takes scenarios; formats are the caller's
+    declared["sharding"] |= {"reshard to 2"}  # not paired: pairwise_candidates
     assert _values(list(shard), scope) == declared
-    assert {s.family for s in shard} == {"fsdp"}
-    # at least the widest axis (six fsdp wrap kinds); preferring cheap rows may add one
-    assert 6 <= len(shard) <= 7
+    assert {s.family for s in shard} == {"fsdp", "fsdp2"}
+    # at least the seven wrap kinds of the two families; preferring cheap rows may add some
+    assert 7 <= len(shard) <= 12
     both = value_cover(WORLDS, "TRAIN-1")  # no scope: three families, eleven wrap kinds
     every = {
         axis: values for axis, values in values_of(universe(WORLDS)).items() if axis != "checkpoint"
@@ -167,6 +170,29 @@ def test_covering_examples_replace_random_draws_and_keep_at_least_one() -> None:
     # every scenario of the value cover, as explicit examples
     assert len(covering) == len(value_cover(WORLDS, "SHARD-1"))
     assert len(seen) - len(covering) >= 1  # and at least one random draw
+
+
+def test_covering_examples_split_one_cover_between_checks_by_part() -> None:
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    seen: dict[str, list[object]] = {"fsdp": [], "fsdp2": []}
+
+    def check_of(family: str) -> Callable[[], None]:
+        @covering_examples("SHARD-1", part=lambda s: s.family == family)
+        @given(st.none())
+        def check(scenario: object) -> None:
+            if scenario is not None:
+                seen[family].append(scenario)
+
+        return check
+
+    for family in seen:
+        check_of(family)()
+    # each check runs its family's rows of the one cover, and together they are the cover
+    assert all(s.family == f for f, runs in seen.items() for s in runs)  # type: ignore[attr-defined]
+    together = sorted(map(repr, seen["fsdp"] + seen["fsdp2"]))
+    assert together == sorted(map(repr, value_cover(WORLDS, "SHARD-1")))
 
 
 def test_reshard_and_other_family_plans_fit_the_options_to_the_load_side() -> None:

@@ -179,6 +179,7 @@ def covering_examples(
     argname: str | None = None,
     share: int = 10,
     configurations: bool = True,
+    part: Callable[[Scenario], bool] = lambda scenario: True,
 ) -> Callable[[T], T]:
     """Decorate a Hypothesis check of ``clause``: it also runs :func:`value_cover`'s
     scenarios, carrying in turn the argument values of :func:`argument_rows`, as explicit
@@ -197,6 +198,9 @@ def covering_examples(
         share: the check's examples, in tenths of the active profile's (as
             :func:`~suites.lib.controller.scenarios.examples`).
         configurations: cover the values of the scope's configuration axes too.
+        part: the scenarios of the cover this check runs, where several checks share the
+            clause's one cover (one check a family: each runs its family's rows, and
+            together they take every value, in fewer rows than a cover of each family).
 
     Raises:
         ValueError: ``adapt`` changed a scenario's axis values or the argument values it
@@ -214,7 +218,7 @@ def covering_examples(
         return {k: v for k, v in carried_arguments(scenario).items() if k in drawn}
 
     values = []
-    for s in covering:
+    for s in filter(part, covering):
         fitted = adapt(s)
         if isinstance(fitted, Scenario) and scenario_axes(fitted) != scenario_axes(s):
             raise ValueError(

@@ -8,9 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from harness import RankContext
+from suites.lib.ranks.readers import placements
 from suites.lib.ranks.structure import fsdp2_units, sync_flags, sync_flags_after_a_raise
 from suites.lib.ranks.training import end, setup
-from suites.lib.shared.models import BlockSpec, ModelSpec, build_model, clean_name
+from suites.lib.shared.models import BlockSpec, ModelSpec, build_model
 from suites.lib.shared.parallelize import parallelize_zoo
 from suites.lib.shared.specs import Scenario
 
@@ -52,12 +53,7 @@ def mesh_rank(ctx: RankContext, dp: int, tp: int) -> dict[str, Any]:
 
 def layout_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
     t = setup(ctx, scenario)
-    params = {}
-    for name, p in t.model.named_parameters():
-        placements = tuple(repr(x) for x in getattr(p, "placements", ()))
-        local = p.to_local() if hasattr(p, "to_local") else p
-        params[clean_name(name)] = (placements, tuple(local.shape), tuple(p.shape))
-    out = {"params": params, "units": fsdp2_units(t.model)}
+    out = {"params": placements(t.model), "units": fsdp2_units(t.model)}
     end(t.strategy)
     return out
 

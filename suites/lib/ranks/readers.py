@@ -4,8 +4,9 @@ The full model state, gradients and optimizer state are read with torch's own AP
 (``get_model_state_dict``, ``summon_full_params``, ``full_tensor``,
 ``get_optimizer_state_dict``), never with the strategy's save/load, and cloned to CPU so that
 they travel back to the controller by pickle and compare there with the single-process
-reference (:mod:`suites.lib.controller.oracles`). :func:`local` is the one local reader: this
-rank's own shard of a (DTensor) tensor.
+reference (:mod:`suites.lib.controller.oracles`). :func:`local` and :func:`placements` are
+the local readers: this rank's own shard of a (DTensor) tensor, and the layout of each
+parameter.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ __all__ = [
     "gathered_state",
     "local",
     "local_grads",
+    "placements",
     "scaling",
 ]
 
@@ -122,3 +124,19 @@ def _tree_to_cpu(obj: object) -> object:
     if isinstance(obj, (list, tuple)):
         return type(obj)(_tree_to_cpu(v) for v in obj)
     return obj
+
+
+#: a parameter's layout: its placements, the shape of this rank's part and of the whole
+Layout = tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]]
+
+
+def placements(model: nn.Module) -> dict[str, Layout]:
+    """Each parameter of ``model`` as ``(placements, local shape, global shape)`` by clean
+    name: the DTensor's placements as ``repr`` strings (none for a plain tensor) and the
+    shape of this rank's part and of the whole. Local: no collective."""
+    out = {}
+    for name, p in model.named_parameters():
+        kinds = tuple(repr(x) for x in getattr(p, "placements", ()))
+        mine = p.to_local() if hasattr(p, "to_local") else p
+        out[clean_name(name)] = (kinds, tuple(mine.shape), tuple(p.shape))
+    return out

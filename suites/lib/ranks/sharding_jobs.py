@@ -1,6 +1,7 @@
 """Rank side of the sharding checks (``test_sharding.py``): each rank's FSDP1 units and
-shards (SHARD-1), the units a wrap policy selects and a module the user wrapped (WRAP-1,
-WRAP-2), and the modules activation checkpointing wraps (AC-1).
+shards, and its DTensor rows under the fsdp2 family (SHARD-1), the units a wrap policy
+selects and a module the user wrapped (WRAP-1, WRAP-2), and the modules activation
+checkpointing wraps (AC-1).
 """
 
 from __future__ import annotations
@@ -9,18 +10,34 @@ import warnings
 from typing import Any
 
 from harness import RankContext
-from suites.lib.ranks.readers import gathered_state
+from suites.lib.ranks.readers import gathered_state, placements
 from suites.lib.ranks.structure import checkpoint_wrapped, fsdp1_units, nested_checkpoint_wrappers
 from suites.lib.ranks.training import end, setup
 from suites.lib.shared.models import build_model
 from suites.lib.shared.specs import Scenario
 
-__all__ = ["ac_rank", "layout_rank", "prechecked_rank", "prewrapped_rank", "units_rank"]
+__all__ = [
+    "ac_rank",
+    "dtensor_layout_rank",
+    "layout_rank",
+    "prechecked_rank",
+    "prewrapped_rank",
+    "units_rank",
+]
 
 
 def layout_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
     t = setup(ctx, scenario)
     out = {"units": fsdp1_units(t.model), "state": gathered_state(t.model)}
+    end(t.strategy)
+    return out
+
+
+def dtensor_layout_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
+    """Each parameter of the set-up model as ``(placements, local shape, global shape)`` by
+    clean name (no placements: not a DTensor), and the gathered state."""
+    t = setup(ctx, scenario)
+    out = {"params": placements(t.model), "state": gathered_state(t.model)}
     end(t.strategy)
     return out
 
@@ -59,7 +76,7 @@ def ac_rank(ctx: Any, scenario: Scenario) -> dict[str, list[str]]:
 def prechecked_rank(ctx: RankContext, scenario: Scenario) -> dict[str, Any]:
     from harness.torch_compat import checkpoint_wrapper
 
-    strategy = ctx.make_strategy("fsdp", **scenario.options())
+    strategy = ctx.make_strategy(scenario.family, **scenario.options())
     strategy.setup_environment()
     zoo = build_model(scenario.model, ctx.device)
     zoo.blocks[0] = checkpoint_wrapper(zoo.blocks[0])  # the user's own checkpointing

@@ -245,13 +245,13 @@ def read_optimizer_states(
     never_stepped = _never_stepped(optimizers)
     options = state_dict_options(module, full=full)
     wake: list[nn.Parameter] = []
-    fresh: list[Optimizer] = []
+    unstepped: list[Optimizer] = []
     if keep_init:  # a target to load into: every held parameter gets a state
         _init_missing_state(optimizers)
         wake = [p for p in _held(optimizers) if not p.requires_grad]
-        fresh = [opt for opt, none in zip(optimizers, never_stepped, strict=True) if none]
+        unstepped = [opt for opt, none in zip(optimizers, never_stepped, strict=True) if none]
     quiet = _stateless_for_read(module, optimizers, never_stepped)
-    with _requires_grad(wake, True), _requires_grad(quiet, False), _grads_aside(fresh):
+    with _requires_grad(wake, True), _requires_grad(quiet, False), _grads_aside(unstepped):
         if _combine(module, optimizers):
             combined = CombinedOptimizer(optimizers)
             osd = get_optimizer_state_dict(module, combined, options=options)

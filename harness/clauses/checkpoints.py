@@ -192,7 +192,7 @@ CHECKPOINTS = Section(
         ),
         Clause(
             "CKPT-RT-6",
-            "A full checkpoint written by one family loads into the other family.",
+            "A full checkpoint written by one family loads into every other family.",
             # a full checkpoint, at a precision both families take
             scope=(("checkpoint", ("full",)), ("precision", ("32-true", "bf16-mixed"))),
         ),

@@ -33,6 +33,8 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.nn.modules.batchnorm import _NormBase
 from torch.optim import Optimizer
 
+from reference_impl.fsdp2_dtypes import resolve_unit_dtypes
+
 __all__ = [
     "PRECISION_MODES",
     "BF16MixedPrecision",
@@ -212,10 +214,14 @@ class Precision:
 
         Args:
             tensor: the loss.
-            module: the module the loss came from (unused here; part of the strategy API).
+            module: the module the loss came from: its FSDP2 units that a frozen first
+                forward left without mixed-precision dtypes get them first (see
+                :mod:`reference_impl.fsdp2_dtypes`).
             *args: passed to ``Tensor.backward``.
             **kwargs: passed to ``Tensor.backward``.
         """
+        if module is not None:
+            resolve_unit_dtypes(module)
         if self._scaler is not None:
             tensor = self._scaler.scale(tensor)
         tensor.backward(*args, **kwargs)

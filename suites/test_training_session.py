@@ -1,20 +1,23 @@
 """Contract clause TRAIN-4 as a stateful test: a whole training session against a plain twin.
 
 :class:`TrainingSession` lives in the controller, one subclass per family (the test is
-parametrized ``[fsdp]``, ``[model_parallel]``). At ``start`` it draws the session's scenario
-(:func:`~suites.lib.controller.session_draws.session_scenarios`: world size, sharding and
-hybrid meshes with several replicas, wrap and activation-checkpointing policies, the
-``(dp, tp)`` mesh, every precision the family takes, SGD/Adam/AdamW, the zoo model with tied
-embeddings, eager or meta-device init), its checkpoint format, one trainable parameter the
-optimizer is built without, and trains a step or two so that what follows meets optimizer
-state. Its rules are the operations of a real run: ``train`` (1-3 micro-batches under
-``no_backward_sync``, optional clipping, then ``model.zero_grad()``), ``freeze``,
-``unfreeze``, ``add_group`` (the held-back parameter), ``save``, ``save_mid_step`` (a save
-between the micro-batches of a step, gradients pending), ``load_live`` (strict or not),
-``load_fresh`` (fresh objects of the checkpoint's family at a drawn world size, options and
-format), ``convert`` (a sharded checkpoint converted offline to a full one, loaded into
-fresh objects: CKPT-RT-4), ``load_other_family`` (a full checkpoint loaded into fresh objects
-of the other family: CKPT-RT-6) and ``rebuild`` (save, tear down, set up again, load).
+parametrized ``[fsdp]``, ``[model_parallel]``, ``[fsdp2]``). At ``start`` it draws the
+session's scenario (:func:`~suites.lib.controller.session_draws.session_scenarios`: world
+size, sharding and hybrid meshes with several replicas, wrap and activation-checkpointing
+policies, the ``(dp, tp)`` mesh, every precision the family takes, SGD/Adam/AdamW, the zoo
+model with tied embeddings, eager or meta-device init), its checkpoint format, one trainable
+parameter the optimizer is built without, and trains a step or two so that what follows
+meets optimizer state. Its rules are the operations of a real run: ``train`` (1-3
+micro-batches under ``no_backward_sync``, optional clipping, then ``model.zero_grad()``),
+``freeze``, ``unfreeze``, ``add_group`` (the held-back parameter), ``save``,
+``save_mid_step`` (a save between the micro-batches of a step, gradients pending),
+``load_live`` (strict or not), ``load_fresh`` (fresh objects of the checkpoint's family at a
+drawn world size, options and format, which may run a forward and a backward before the
+load: gradients held, the optimizer never stepped), ``convert`` (a sharded checkpoint
+converted offline to a full one, loaded into fresh objects: CKPT-RT-4),
+``load_other_family`` (a full checkpoint loaded into fresh objects of the other family:
+CKPT-RT-6) and ``rebuild`` (save, tear down, set up again, load; the new objects may hold
+gradients at the load).
 
 The ranks keep nothing between jobs. The ops of one strategy instance form a *segment*
 (:mod:`suites.lib.shared.session_ops`) that goes to the ranks once, in one job, when it ends
@@ -31,13 +34,15 @@ prints it. After the drawn sessions, a scripted session per family
 (:func:`~suites.lib.controller.session_driver.scripted_session`) runs every rule, both
 directions of the cross-family load included, on a demanding scenario, and saves at every
 moment of the ``moment`` axis (before the first step, a second save after more training,
-mid-accumulation), each loaded back; the test prints the rules run per family and fails if
-one never ran.
+mid-accumulation), each loaded back, and loads into objects holding gradients; the test
+prints the rules run per family and fails if one never ran.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from typing import cast
 
 import pytest
 from hypothesis import assume, settings
@@ -55,6 +60,8 @@ from harness.run.session import current
 from suites.lib.controller.checkpoint_plans import FAMILIES
 from suites.lib.controller.clause_covers import covering_rows
 from suites.lib.controller.covering import CoverRow
+from suites.lib.controller.dispatch import run
+from suites.lib.controller.oracles import half_dtype
 from suites.lib.controller.regressions import SESSION_16_MIXED_CLIP
 from suites.lib.controller.scenarios import world_sizes
 from suites.lib.controller.session_draws import (
@@ -62,6 +69,7 @@ from suites.lib.controller.session_draws import (
     PRECISIONS,
     RULES,
     STEPS,
+    covering_scenario,
     session_scenarios,
     session_start,
 )
@@ -69,13 +77,16 @@ from suites.lib.controller.session_driver import (
     SHORT_MOMENTS,
     Micro,
     SessionDriver,
+    frozen_start_session,
     scripted_session,
     short_session,
     trainable,
 )
+from suites.lib.ranks.precision_jobs import frozen_start_rank
 from suites.lib.ranks.session_jobs import checkpoint_path, segment_rank, setup_probe_rank
 from suites.lib.shared.axes import MOMENTS, moment_pairs, scenario_axes
 from suites.lib.shared.checkpoint_specs import FORMATS
+from suites.lib.shared.specs import FSDP2Config, MPConfig, Scenario, WrapSpec
 
 
 class TrainingSession(SessionDriver, RuleBasedStateMachine):
@@ -165,14 +176,23 @@ class TrainingSession(SessionDriver, RuleBasedStateMachine):
         self.do_load_live(data.draw(st.sampled_from(names), label="checkpoint"), strict)
 
     @precondition(lambda self: bool(self.saved))
-    @rule(strict=st.booleans(), world=world_sizes(2), fmt=st.sampled_from(FORMATS), data=st.data())
-    def load_fresh(self, strict: bool, world: int, fmt: str, data: st.DataObject) -> None:
+    @rule(
+        strict=st.booleans(),
+        world=world_sizes(2),
+        fmt=st.sampled_from(FORMATS),
+        pending=st.booleans(),
+        data=st.data(),
+    )
+    def load_fresh(
+        self, strict: bool, world: int, fmt: str, pending: bool, data: st.DataObject
+    ) -> None:
         """Load a checkpoint into fresh objects of its family at ``world`` with newly drawn
-        options (saving in ``fmt`` from then on)."""
+        options (saving in ``fmt`` from then on); with ``pending``, objects that ran a
+        forward and a backward before the load (gradients held, optimizer never stepped)."""
         self.started += 1
         name = data.draw(st.sampled_from(sorted(self.saved)), label="checkpoint")
         options = self.load_options(world, self.saved[name].family, data)
-        self.do_load_fresh(name, options, fmt, strict=strict)
+        self.do_load_fresh(name, options, fmt, strict=strict, pending=pending)
 
     @precondition(lambda self: bool(self._names("sharded")))
     @rule(world=world_sizes(2), fmt=st.sampled_from(FORMATS), data=st.data())
@@ -182,30 +202,33 @@ class TrainingSession(SessionDriver, RuleBasedStateMachine):
         name = data.draw(st.sampled_from(self._names("sharded")), label="checkpoint")
         self.do_convert(name, self.load_options(world, self.saved[name].family, data), fmt)
 
-    def _other_family(self, name: str) -> str:
-        """The family that checkpoint ``name`` was not saved by."""
-        return next(f for f in FAMILIES if f != self.saved[name].family)
+    def _other_families(self, name: str) -> list[str]:
+        """The families that checkpoint ``name`` was not saved by and that take the
+        session's precision (model_parallel takes ``32-true`` and ``bf16-mixed`` only)."""
+        precision = self.base.precision
+        saver = self.saved[name].family
+        return [f for f in FAMILIES if f != saver and precision in PRECISIONS[f]]
 
     def _crossable(self) -> list[str]:
-        """Full checkpoints whose other family takes the session's precision
-        (model_parallel takes ``32-true`` and ``bf16-mixed`` only)."""
-        precision = self.base.precision
-        return [n for n in self._names("full") if precision in PRECISIONS[self._other_family(n)]]
+        """Full checkpoints that another family can load at the session's precision."""
+        return [n for n in self._names("full") if self._other_families(n)]
 
     @precondition(lambda self: bool(self._crossable()))
     @rule(world=world_sizes(2), fmt=st.sampled_from(FORMATS), data=st.data())
     def load_other_family(self, world: int, fmt: str, data: st.DataObject) -> None:
-        """Load a full checkpoint into fresh objects of the other family (CKPT-RT-6)."""
+        """Load a full checkpoint into fresh objects of another family (CKPT-RT-6)."""
         self.started += 1
         name = data.draw(st.sampled_from(self._crossable()), label="checkpoint")
-        options = self.load_options(world, self._other_family(name), data)
+        family = data.draw(st.sampled_from(self._other_families(name)), label="family")
+        options = self.load_options(world, family, data)
         self.do_load_other_family(name, options, fmt)
 
-    @rule()
-    def rebuild(self) -> None:
-        """Save, tear the strategy down, build it again (same options) and load the save."""
+    @rule(pending=st.booleans())
+    def rebuild(self, pending: bool) -> None:
+        """Save, tear the strategy down, build it again (same options) and load the save
+        (with ``pending``, after a forward and a backward on the new objects)."""
         self.started += 1
-        self.do_rebuild()
+        self.do_rebuild(pending)
 
     @invariant()
     def returned(self) -> None:
@@ -222,9 +245,12 @@ class TrainingSession(SessionDriver, RuleBasedStateMachine):
 #: rule runs in the scripted session and every axis value in the short covering sessions
 #: (test_training_session_across_the_space), so the drawn ones are there to mix them
 SESSION_SHARE = 0.5
-#: the families whose sessions are drawn (the fsdp2 family's training and checkpoint
-#: clauses run in the other suites; its session machine is not written yet)
-SESSION_FAMILIES = ("fsdp", "model_parallel")
+#: the families whose sessions are drawn
+SESSION_FAMILIES = ("fsdp", "model_parallel", "fsdp2")
+#: a family's share of SESSION_SHARE where it is smaller: fsdp2's rules also run in its
+#: scripted session and its rows of the short covering sessions, and a drawn fsdp2 session
+#: costs what an fsdp one does (ci: 1 drawn session, dev: 4, nightly: 41)
+FAMILY_SHARE = {"fsdp2": 1 / 3}
 #: most rules per session after the warm-up steps
 SESSION_STEPS = 8
 #: seconds the check may take, per session; the scripted session counts as two. On 2 CPU
@@ -235,13 +261,14 @@ SESSION_STEPS = 8
 SECONDS_PER_SESSION = 60
 
 
-def _sessions() -> int:
-    return max(1, int(settings().max_examples * SESSION_SHARE))
+def _sessions(family: str) -> int:
+    share = SESSION_SHARE * FAMILY_SHARE.get(family, 1.0)
+    return max(1, int(settings().max_examples * share))
 
 
 @pytest.mark.clause("TRAIN-4", "CKPT-RT-4", "CKPT-RT-6")
 @pytest.mark.parametrize("family", SESSION_FAMILIES)
-@pytest.mark.timeout(max(300, SECONDS_PER_SESSION * (_sessions() + 2)))
+@pytest.mark.timeout(max(300, SECONDS_PER_SESSION * (_sessions("fsdp") + 2)))
 def test_training_session_tracks_the_plain_twin(family: str) -> None:
     # the moments the scripted session saves at, in its sharded format (after a step and a
     # second save are declared beside every value by the short covering sessions below)
@@ -252,7 +279,7 @@ def test_training_session_tracks_the_plain_twin(family: str) -> None:
     machine = type(f"TrainingSession_{family}", (TrainingSession,), {"family": family})
     run_state_machine_as_test(
         machine,
-        settings=settings(max_examples=_sessions(), stateful_step_count=SESSION_STEPS),
+        settings=settings(max_examples=_sessions(family), stateful_step_count=SESSION_STEPS),
     )
     drawn = time.monotonic() - began
     scripted_session(TrainingSession, family)  # after: a failure found by drawing is shrunk
@@ -296,3 +323,69 @@ def test_training_session_regressions(fmt: str) -> None:
     them."""
     quiet = type("RegressionSession", (TrainingSession,), {"note_moments": False})
     short_session(quiet, SESSION_16_MIXED_CLIP, fmt)
+
+
+def _frozen_start_scenarios() -> list[Scenario]:
+    """Mixed-precision configurations whose first unit (``blocks.0``, a Block) is frozen at
+    the first forward: each family that shards with ``fully_shard`` units (fsdp2, and the
+    FSDP2 units of model_parallel), and fsdp's FSDP1 units beside them."""
+    fsdp = session_start(covering_scenario("fsdp", 2))
+    mp = covering_scenario("model_parallel", 2)
+    fsdp2 = FSDP2Config(wrap=WrapSpec("classes", ("Block",)), precision="bf16-mixed")
+    return [
+        dataclasses.replace(fsdp, strategy=dataclasses.replace(fsdp.strategy, precision=p))
+        for p in ("bf16-mixed", "16-mixed")
+    ] + [
+        dataclasses.replace(
+            mp, strategy=dataclasses.replace(cast(MPConfig, mp.strategy), precision="bf16-mixed")
+        ),
+        dataclasses.replace(mp, strategy=fsdp2),
+        dataclasses.replace(mp, strategy=dataclasses.replace(fsdp2, precision="16-mixed")),
+    ]
+
+
+@pytest.mark.clause("PREC-2", "TRAIN-4")
+@pytest.mark.parametrize(
+    "scenario",
+    [session_start(s) for s in _frozen_start_scenarios()],
+    ids=lambda s: f"{s.family}-{s.precision}",
+)
+def test_unit_frozen_at_first_forward_trains_once_unfrozen(scenario: Scenario) -> None:
+    """A unit frozen before the model's first forward and unfrozen after a step trains like
+    the plain model's, its gradients reduced in the precision's low dtype onto float32
+    master parameters (FSDP2 resolves a unit's reduce dtype from its trainable parameters at
+    the first forward: with none, a later backward of the unit used to fail or reduce in the
+    wrong dtype). It reports no moment: PREC-2 does not speak of them."""
+    if scenario.family != "fsdp":  # FSDP2 units: the unit's own reduction, read directly
+        _check_frozen_start_dtypes(scenario, "blocks.0")
+    quiet = type("FrozenStartSession", (TrainingSession,), {"note_moments": False})
+    frozen_start_session(quiet, scenario, "blocks.0")
+
+
+def _check_frozen_start_dtypes(scenario: Scenario, unit: str) -> None:
+    """PREC-2 on FSDP2 unit ``unit`` frozen at the first forward, after its first backward
+    once unfrozen: it reduces in the precision's low dtype and casts onto float32."""
+    low = str(half_dtype(scenario.precision))
+    outs = run(frozen_start_rank, scenario, unit, world_size=scenario.world_size)
+    for rank, out in enumerate(outs):
+        where = (
+            f"PREC-2: rank {rank}, {scenario.family} {scenario.precision}: unit {unit!r}, "
+            "frozen at the model's first forward and unfrozen after a step"
+        )
+        assert out["raised"] is None, (
+            f"{where}: its first backward raised {out['raised']} (FSDP2 resolves a unit's "
+            "dtypes at the first forward from the parameters that train then; with none, the "
+            "reduced gradient is not cast back to float32: resolve them again once it trains)"
+        )
+        assert out["unit"], f"{where}: no FSDP2 unit of that name (the check's model changed?)"
+        for reduce, cast_to in out["unit"]:
+            assert (reduce, cast_to) == (low, "torch.float32"), (
+                f"{where}, reduces its gradients in {reduce} and casts them to {cast_to}; "
+                f"the precision reduces in {low} onto float32 master parameters (FSDP2 "
+                "resolves a unit's dtypes at the first forward from the parameters that "
+                "train then: resolve them again once the unit trains)"
+            )
+        assert out["params"] == out["grads"] == ["torch.float32"], (
+            f"{where}: its master parameters are {out['params']} and their gradients "
+            f"{out['grads']}; both must be float32"
+        )

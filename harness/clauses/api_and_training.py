@@ -332,7 +332,9 @@ TRAINING = Section(
         Clause(
             "PREC-2",
             "`bf16-mixed` and `16-mixed`: the sharded master parameters and the optimizer state "
-            "stay float32, while forward compute and gradient reduction use the low dtype. "
+            "stay float32, while forward compute and gradient reduction use the low dtype, "
+            "also for a unit whose parameters were all frozen at the model's first forward "
+            "and that trains once unfrozen (it then trains like the plain model). "
             "`16-mixed` uses a sharded gradient scaler on the rank's device type (cpu too) that "
             "skips the step on all ranks when any rank saw inf or nan. model_parallel family: "
             "these dtypes hold for the mixed-precision policy its `parallelize_fn` applies, and "

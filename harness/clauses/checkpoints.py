@@ -8,10 +8,17 @@ __all__ = ["CHECKPOINTS", "MODEL_PARALLEL", "MOMENTS"]
 
 #: When a save comes (the coverage's ``moment`` axis, as the suites report it): after an
 #: optimizer step, before the first one (the optimizer has no state), a second save of the
-#: same objects after more training, between the micro-batches of an accumulated step. The
-#: clauses that speak of every moment name the axis in their scope, so that the per-clause
-#: coverage lists a moment their checks never reached.
-MOMENTS = ("after a step", "before first step", "second save", "mid-accumulation")
+#: same objects after more training, between the micro-batches of an accumulated step; and
+#: one moment of a load: into objects whose optimizer never stepped while their parameters
+#: hold gradients. The clauses that speak of every moment name the axis in their scope, so
+#: that the per-clause coverage lists a moment their checks never reached.
+MOMENTS = (
+    "after a step",
+    "before first step",
+    "second save",
+    "mid-accumulation",
+    "load with gradients held",
+)
 
 _FORMATS = (
     "Two formats. **full**: one file that rank 0 writes with `torch.save`, holding the gathered "
@@ -84,7 +91,12 @@ CHECKPOINTS = Section(
             "the plain optimizer's `state_dict()` has none, and the first step from there is a "
             "first step), after more training that followed a save of the same objects (the "
             "load equals the later save), or between the micro-batches of an accumulated step "
-            "(the state before that step; the step then goes on as without the save).",
+            "(the state before that step; the step then goes on as without the save). A load "
+            "into objects whose optimizer never stepped while their parameters hold gradients "
+            "(a recipe that ran a forward and a backward, then resumed) leaves the model and "
+            "the optimizer state as saved (the optimizer holds the checkpoint's state, the "
+            "held gradients move no parameter), and once those gradients are dropped the next "
+            "step is the plain model's.",
             scope=(("checkpoint", ("full",)), ("moment", MOMENTS)),
         ),
         Clause(
@@ -182,7 +194,7 @@ CHECKPOINTS = Section(
         ),
         Clause(
             "CKPT-RT-6",
-            "A full checkpoint written by one family loads into the other family.",
+            "A full checkpoint written by one family loads into every other family.",
             # a full checkpoint, at a precision both families take
             scope=(("checkpoint", ("full",)), ("precision", ("32-true", "bf16-mixed"))),
         ),

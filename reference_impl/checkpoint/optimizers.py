@@ -26,6 +26,13 @@ of an optimizer that stepped first gets a state (as torch does for an optimizer 
 stepped; frozen ones too), so that the checkpoint's state for it is loaded; what the
 checkpoint does not hold is dropped after the load (``finish_optimizer_load``).
 
+[Note: gradients held at a load] torch initializes a never-stepped optimizer's state only
+while none of its parameters holds a gradient (it would otherwise step with those
+gradients); when one does, it reads the optimizer as stateless, so a sharded load reads the
+checkpoint's optimizer state into an empty target and drops it (pytorch#140898: a recipe
+that ran a forward and a backward before resuming). The target read for a load sets such an
+optimizer's gradients aside while torch initializes its state, and puts them back after.
+
 [Note: frozen parameters keep their state] torch's loader skips the saved state of a
 frozen parameter (``requires_grad=False``), though its reader saves it. A parameter frozen
 after it stepped keeps its optimizer state through a checkpoint (TRAIN-4): while loading,
@@ -173,6 +180,20 @@ def _stateless_for_read(
     ]
 
 
+@contextmanager
+def _grads_aside(optimizers: Sequence[Optimizer]) -> Iterator[None]:
+    """The gradients of ``optimizers``' parameters set to None inside, put back afterwards
+    (see [Note: gradients held at a load])."""
+    held = [(p, p.grad) for p in _held(optimizers) if p.grad is not None]
+    for param, _ in held:
+        param.grad = None
+    try:
+        yield
+    finally:
+        for param, grad in held:
+            param.grad = grad
+
+
 @torch.no_grad()
 def _init_missing_state(optimizers: Sequence[Optimizer]) -> None:
     """Give each parameter of an optimizer that stepped, but has no state yet, the state a
@@ -224,11 +245,13 @@ def read_optimizer_states(
     never_stepped = _never_stepped(optimizers)
     options = state_dict_options(module, full=full)
     wake: list[nn.Parameter] = []
+    unstepped: list[Optimizer] = []
     if keep_init:  # a target to load into: every held parameter gets a state
         _init_missing_state(optimizers)
         wake = [p for p in _held(optimizers) if not p.requires_grad]
+        unstepped = [opt for opt, none in zip(optimizers, never_stepped, strict=True) if none]
     quiet = _stateless_for_read(module, optimizers, never_stepped)
-    with _requires_grad(wake, True), _requires_grad(quiet, False):
+    with _requires_grad(wake, True), _requires_grad(quiet, False), _grads_aside(unstepped):
         if _combine(module, optimizers):
             combined = CombinedOptimizer(optimizers)
             osd = get_optimizer_state_dict(module, combined, options=options)

@@ -321,6 +321,10 @@ def check_moments(plan: CkptPlan, outs: list[dict[str, Any]]) -> None:
     - A second save of the same objects after more training loads as that save, not the
       first; the save between the micro-batches of step 2 loads as the state before step 2,
       and step 2 from there is the live step 2, bitwise.
+    - The save after step 1, loaded into fresh objects whose optimizer never stepped while
+      their parameters hold gradients (a forward and a backward before the load): the
+      optimizer holds the saved state right after the load, model and state are the save's,
+      and step 2 from there is the live step 2, bitwise.
     """
     clause = "CKPT-RT-1" if plan.fmt == "full" else "CKPT-RT-2"
     s = plan.save
@@ -367,3 +371,27 @@ def check_moments(plan: CkptPlan, outs: list[dict[str, Any]]) -> None:
             what = f"{where}, {label}, against the live run"
             assert_same_model(got["model"], expected["model"], clause=clause, where=what)
             assert_same_optim(got["optim"], expected["optim"], clause=clause, where=what)
+        _check_pending_load(clause, where, out)
+
+
+def _check_pending_load(clause: str, where: str, out: dict[str, Any]) -> None:
+    """The load into a never-stepped optimizer whose parameters hold gradients
+    (:func:`check_moments`)."""
+    pending = out["pending_loaded"]
+    what = (
+        f"{where}, the save after step 1 loaded into fresh objects that ran a forward and a "
+        "backward first (optimizer never stepped, gradients held)"
+    )
+    assert not (pending["empty"] and out["one"]["optim"]["state"]), (
+        f"{clause}: {what}: right after the load the optimizer holds no state, though the "
+        "checkpoint holds it: the load dropped it (torch's set_optimizer_state_dict and "
+        "get_optimizer_state_dict skip initializing a never-stepped optimizer's state when "
+        "its parameters hold gradients; initialize it with those gradients set aside, never "
+        "by a step that uses them)"
+    )
+    for label, got, expected in (
+        ("after the load", pending, out["one"]),
+        ("after the load, then step 2", pending["then"], out["two"]),
+    ):
+        assert_same_model(got["model"], expected["model"], clause=clause, where=f"{what}, {label}")
+        assert_same_optim(got["optim"], expected["optim"], clause=clause, where=f"{what}, {label}")

@@ -21,6 +21,7 @@ from suites.lib.controller.scenarios import FSDP_PRECISIONS, MP_PRECISIONS, scen
 from suites.lib.shared.models import BlockSpec, ModelSpec
 from suites.lib.shared.specs import (
     ACSpec,
+    FSDP2Config,
     FSDPConfig,
     MPConfig,
     OptimSpec,
@@ -46,7 +47,7 @@ STEPS = st.tuples(st.sampled_from((2, 1, 3)), st.sampled_from((0.5, None)))
 #: fp32 (from values rounded to the low dtype under ``*-true``, with the loss scaled as the
 #: ranks scale it under ``16-mixed``) and is compared within the tolerance table's row of the
 #: loosest precision the session ran, as TRAIN-1 is; ``16-true`` trains with SGD
-PRECISIONS = {"fsdp": FSDP_PRECISIONS, "model_parallel": MP_PRECISIONS}
+PRECISIONS = {"fsdp": FSDP_PRECISIONS, "model_parallel": MP_PRECISIONS, "fsdp2": FSDP_PRECISIONS}
 
 #: every rule of the session machine
 RULES = (
@@ -87,7 +88,7 @@ def session_scenarios(draw: st.DrawFn, family: str) -> Scenario:
             precisions=(precision,),
             # fp16 Adam's second moment underflows (tolerances.py): 16-true trains with SGD
             optimizers=("sgd",) if precision == "16-true" else ("adamw", "adam", "sgd"),
-            ac=family == "fsdp" and draw(st.booleans()),
+            ac=family in ("fsdp", "fsdp2") and draw(st.booleans()),
             empty_init=None,
         )
     )
@@ -131,16 +132,33 @@ _COVERING_MODEL = ModelSpec(
 def covering_scenario(family: str, world: int = 4) -> Scenario:
     """The scripted session's scenario of ``family``. At world size 4: fsdp HYBRID_SHARD on
     a (2, 2) mesh, Block units, checkpointed Blocks, fp32 Adam; model_parallel on a (2, 2)
-    mesh with the MLP plan, bf16-mixed AdamW. At 2: fsdp SHARD_GRAD_OP with Block units;
-    model_parallel tensor parallel only (1, 2)."""
+    mesh with the MLP plan, bf16-mixed AdamW; fsdp2 Block units resharded to 2 ranks after
+    forward, checkpointed Blocks, bf16-mixed AdamW. At 2: fsdp SHARD_GRAD_OP with Block
+    units; model_parallel tensor parallel only (1, 2); fsdp2 on a (2, 1) HSDP mesh (two
+    replicas), Block and NestedBlock units kept unsharded after forward, fp32."""
     plan = TrainPlan(steps=0, batch_size=2, data_seed=5)
     if world == 2:
-        small: FSDPConfig | MPConfig = (
-            FSDPConfig("SHARD_GRAD_OP", wrap=WrapSpec("classes", ("Block",)))
-            if family == "fsdp"
-            else MPConfig(1, 2, tp_plan="mlp", fsdp_classes=("Block", "NestedBlock"))
-        )
+        small: FSDPConfig | MPConfig | FSDP2Config
+        if family == "fsdp":
+            small = FSDPConfig("SHARD_GRAD_OP", wrap=WrapSpec("classes", ("Block",)))
+        elif family == "fsdp2":
+            small = FSDP2Config(
+                wrap=WrapSpec("classes", ("Block", "NestedBlock")),
+                reshard_after_forward=False,
+                device_mesh=(2, 1),
+            )
+        else:
+            small = MPConfig(1, 2, tp_plan="mlp", fsdp_classes=("Block", "NestedBlock"))
         return dataclasses.replace(covering_scenario(family), world_size=2, strategy=small)
+    if family == "fsdp2":
+        blocks = FSDP2Config(
+            wrap=WrapSpec("classes", ("Block",)),
+            reshard_after_forward=2,
+            ac=ACSpec("classes", ("Block",)),
+            precision="bf16-mixed",
+        )
+        optim = OptimSpec("adamw", lr=0.01, groups="by_kind", weight_decay=0.1)
+        return Scenario(4, _COVERING_MODEL, blocks, optim, plan)
     if family == "fsdp":
         config: FSDPConfig | MPConfig = FSDPConfig(
             "HYBRID_SHARD",

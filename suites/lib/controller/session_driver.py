@@ -32,6 +32,7 @@ from suites.lib.controller.oracles import reference_model
 from suites.lib.controller.session_draws import COUNTS, covering_scenario
 from suites.lib.controller.session_twin import Expected, Snapshot, Twin, check_reads
 from suites.lib.controller.tolerances import TABLE
+from suites.lib.shared.axes import HELD_GRADIENTS_LOAD as PENDING
 from suites.lib.shared.checkpoint_specs import ROUND_TRIP
 from suites.lib.shared.models import clean_name
 from suites.lib.shared.session_ops import (
@@ -51,6 +52,7 @@ __all__ = [
     "Micro",
     "Saved",
     "SessionDriver",
+    "frozen_start_session",
     "scripted_session",
     "short_session",
     "trainable",
@@ -142,9 +144,13 @@ class SessionDriver:
             else:
                 moment = "after a step"
         self.saved_here, self.trained_since = True, False
+        self._note(moment)
+        return moment
+
+    def _note(self, moment: str) -> None:
+        """Report ``moment`` in the segment's coverage (unless the session reports none)."""
         if self.note_moments:
             self.segment.moments.append(moment)
-        return moment
 
     def _check(self, clause_id: str = "TRAIN-4") -> None:
         """Read the ranks' state here, to compare with the twin's now."""
@@ -263,9 +269,13 @@ class SessionDriver:
         self._fresh(full, True, self._own(scenario), fmt, "CKPT-RT-4")
         self._count("convert")
 
-    def do_load_fresh(self, name: str, scenario: Scenario, fmt: str, *, strict: bool) -> None:
-        """Load ``name`` into fresh objects of ``scenario`` (its family) saving in ``fmt``."""
-        self._fresh(self.saved[name], strict, self._own(scenario), fmt)
+    def do_load_fresh(
+        self, name: str, scenario: Scenario, fmt: str, *, strict: bool, pending: bool = False
+    ) -> None:
+        """Load ``name`` into fresh objects of ``scenario`` (its family) saving in ``fmt``;
+        with ``pending``, objects that ran a forward and a backward first (gradients held,
+        their optimizer never stepped), which drop those gradients after the load."""
+        self._fresh(self.saved[name], strict, self._own(scenario), fmt, pending=pending)
         self._count("load_fresh")
 
     def do_load_other_family(self, name: str, scenario: Scenario, fmt: str) -> None:
@@ -278,9 +288,17 @@ class SessionDriver:
         return dataclasses.replace(scenario, model=self.base.model, optim=self.base.optim)
 
     def _fresh(
-        self, saved: Saved, strict: bool, scenario: Scenario, fmt: str, clause_id: str = "TRAIN-4"
+        self,
+        saved: Saved,
+        strict: bool,
+        scenario: Scenario,
+        fmt: str,
+        clause_id: str = "TRAIN-4",
+        *,
+        pending: bool = False,
     ) -> None:
-        """End the segment; load ``saved`` into fresh objects of ``scenario``."""
+        """End the segment; load ``saved`` into fresh objects of ``scenario`` (after a
+        forward and a backward with ``pending``)."""
         self._flush()
         self._probe(scenario, fmt)
         self.twin.restore(saved.snapshot)
@@ -288,16 +306,22 @@ class SessionDriver:
         self.frozen = set(structure.frozen)
         self.added = bool(structure.groups)
         self.segment = Segment(
-            scenario, fmt, (self.held,), structure, saved.path, strict, clause_id
+            scenario, fmt, (self.held,), structure, saved.path, strict, clause_id, pending=pending
         )
         self.saved_here = self.trained_since = False  # fresh objects
+        if pending:
+            self._note(PENDING)
         self._check(clause_id)
 
-    def do_rebuild(self) -> None:
+    def do_rebuild(self, pending: bool = False) -> None:
+        """Save, tear down, set up again and load (the new objects holding gradients first
+        with ``pending``)."""
         path = self.path(self.root, f"rebuild{len(self.segment.ops)}", self.segment.fmt)
         self._moment()
-        self.segment.ops.append(Rebuild(path))
+        self.segment.ops.append(Rebuild(path, pending))
         self.saved_here = False  # the objects are built again
+        if pending:
+            self._note(PENDING)
         self._count("rebuild")
 
     def close(self) -> None:
@@ -316,7 +340,8 @@ def scripted_session(driver: type[SessionDriver], family: str) -> None:
     before the first step (loaded into fresh objects, whose optimizer must have no state,
     then trained on), a second save of the same objects after more training (loaded through
     the offline conversion), one between accumulated micro-batches (loaded into the live
-    objects after the step it interrupted). Five rank jobs, the first three at world size 4."""
+    objects after the step it interrupted), and a load into objects that hold gradients
+    before their first step (the rebuild). Five rank jobs, the first three at world size 4."""
     session = type(f"Scripted{family}", (driver,), {"family": family})()
     scenario = covering_scenario(family)
     other = next(f for f in FAMILIES if f != family)
@@ -336,7 +361,7 @@ def scripted_session(driver: type[SessionDriver], family: str) -> None:
         session.do_load_live(mid, strict=True)  # back before the step it was taken in
         session.do_train((1, None))
         session.do_load_live(second, strict=False)
-        session.do_rebuild()
+        session.do_rebuild(pending=True)  # the new objects hold gradients at the load
         session.do_convert(first, scenario, "full")  # job 1
         session.do_train((2, None))
         converted = session.do_save()
@@ -370,6 +395,32 @@ def short_session(driver: type[SessionDriver], scenario: Scenario, fmt: str) -> 
         session.do_train((2, None))
         session.do_load_live(saved, strict=False)
         session.do_freeze(names[0], frozen=False)
+        session.do_train((1, 0.5))
+        session.finished = session.started = 1
+    finally:
+        session.close()
+
+
+def frozen_start_session(driver: type[SessionDriver], scenario: Scenario, unit: str) -> None:
+    """Every parameter of ``unit`` (a module name) frozen before the model's first forward,
+    one step, the unit unfrozen, two more steps (PREC-2, TRAIN-4), in two rank jobs: a
+    fine-tuning recipe that trains a unit it froze at the start. Under a mixed precision the
+    unit's gradients must still reduce in the low dtype onto float32 master parameters, and
+    the session track the plain twin."""
+    session = type(f"FrozenStart{scenario.family}", (driver,), {"family": scenario.family})()
+    names = trainable(scenario)
+    frozen = [n for n in names if n.startswith(f"{unit}.")]
+    if not frozen or len(frozen) == len(names):
+        raise ValueError(f"unit {unit!r} must hold some but not all of the parameters: {names}")
+    try:
+        session.begin(scenario, "sharded", names[-1], [])  # no step yet: nothing ran forward
+        session.do_add_group(0.05, count=False)
+        for name in frozen:
+            session.do_freeze(name)
+        session.do_train((1, None))
+        for name in frozen:
+            session.do_freeze(name, frozen=False)
+        session.do_train((2, None))
         session.do_train((1, 0.5))
         session.finished = session.started = 1
     finally:

@@ -5,10 +5,14 @@ One job saves the same objects three times: before the first optimizer step (the
 has no state; a recipe validating its checkpointing at step 0), after one step (a second
 save of the same objects, after more training) and between the two micro-batches of the
 second step (gradients accumulated, the step not taken). It then loads each save into fresh
-objects and reads them. The optimizer's state is looked at locally (``not optimizer.state``
-on every rank) where the save came before the first step: torch's gathered reader would
-create that state itself. The controller compares the reads with each other bitwise and the
-live run with the plain twin (:func:`suites.lib.controller.checkpoint_checks.check_moments`).
+objects and reads them, and loads the save after step 1 once more into fresh objects that
+ran a forward and a backward first (their optimizer never stepped, their parameters hold
+gradients: a recipe that resumes after a first micro-batch, the sequence where torch's
+``set_optimizer_state_dict`` skips initializing the state it loads into, pytorch#140898).
+The optimizer's state is looked at locally (``not optimizer.state`` on every rank) where the
+save came before the first step: torch's gathered reader would create that state itself. The
+controller compares the reads with each other bitwise and the live run with the plain twin
+(:func:`suites.lib.controller.checkpoint_checks.check_moments`).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from suites.lib.ranks.checkpoint_jobs import (
     read_state,
 )
 from suites.lib.ranks.readers import gathered_state
-from suites.lib.ranks.training import Trained, end, micro_step
+from suites.lib.ranks.training import Trained, end, hold_gradients, micro_step
 from suites.lib.shared.checkpoint_specs import CkptPlan
 from suites.lib.shared.models import build_model
 
@@ -62,7 +66,11 @@ def moments_rank(ctx: Any, plan: CkptPlan, directory: str) -> dict[str, Any]:
         loaded it, and ``then`` their read after step 1; ``one``/``two``: the live objects'
         reads after steps 1 and 2; ``mid_loaded``: fresh objects that loaded the save made
         inside step 2, and ``then`` after they took step 2 themselves; ``second_loaded``:
-        those objects after loading the save made after step 1.
+        those objects after loading the save made after step 1; ``pending_loaded``: fresh
+        objects that ran a micro-batch's forward and backward (gradients held, no step) and
+        then loaded the save made after step 1 (``empty``: their optimizer without state right
+        after the load), read once the recipe dropped those gradients, and ``then`` after
+        they took step 2.
     """
     paths = {m: path_for(os.path.join(directory, m), plan.fmt) for m in ("zero", "one", "mid")}
     t = build(ctx, plan.save, plan.fmt)
@@ -101,5 +109,15 @@ def moments_rank(ctx: Any, plan: CkptPlan, directory: str) -> dict[str, Any]:
     out["mid_loaded"]["then"] = read_state(g)
     g.strategy.load_checkpoint(paths["one"], {"model": g.model, "optimizer": g.optimizer})
     out["second_loaded"] = read_state(g)
-    end(t.strategy, f.strategy, g.strategy)
+
+    h = build(ctx, plan.load, plan.fmt)
+    copy_buffers(h.model, t.model, volatile)
+    hold_gradients(h, plan.save, h.strategy.distributed_sampler_kwargs["rank"])
+    h.strategy.load_checkpoint(paths["one"], {"model": h.model, "optimizer": h.optimizer})
+    empty = never_stepped(h.optimizer)
+    h.model.zero_grad()  # the recipe's next step starts from no gradients
+    out["pending_loaded"] = {**read_state(h), "empty": empty}
+    _step(h, plan, 1, 2)
+    out["pending_loaded"]["then"] = read_state(h)
+    end(t.strategy, f.strategy, g.strategy, h.strategy)
     return out

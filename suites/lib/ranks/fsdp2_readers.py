@@ -11,7 +11,7 @@ from torch import nn
 
 from harness import torch_compat
 
-__all__ = ["fsdp2_units", "param_layouts", "reduce_dtypes"]
+__all__ = ["fsdp2_units", "param_layouts", "reduce_dtypes", "unit_dtypes"]
 
 
 def fsdp2_units(model: nn.Module) -> list[str]:
@@ -50,6 +50,31 @@ def reduce_dtypes(model: nn.Module, *, trainable_only: bool = True) -> list[str]
         dtype = fsdp_param.reduce_dtype or fsdp_param.param_dtype or fsdp_param.orig_dtype
         found.add(str(dtype))
     return sorted(found)
+
+
+def unit_dtypes(model: nn.Module, unit: str) -> list[tuple[str, str]]:
+    """``(reduce dtype, cast-back dtype)`` of each FSDP2 parameter group of the unit named
+    ``unit`` (a clean module name), as the group resolved them: what its gradients reduce
+    in and the dtype they are cast to for the sharded parameters (``None`` when unresolved:
+    FSDP2 then casts nothing). Read after a forward."""
+    from torch.distributed.fsdp import FSDPModule
+
+    found = []
+    for name, module in model.named_modules():
+        clean = name.replace("._checkpoint_wrapped_module", "").replace(
+            "_checkpoint_wrapped_module", ""
+        )
+        if clean != unit or not isinstance(module, FSDPModule):
+            continue
+        for group in torch_compat.fsdp2_param_groups(module):
+            orig = getattr(group, "_orig_dtype", None)
+            # unset when it equals the dtype the gradients are computed in (torch then
+            # reduces in that one): a parameter's gathered dtype, else its stored one
+            reduce = getattr(group, "_reduce_dtype", None) or next(
+                (p.param_dtype or p.orig_dtype for p in group.fsdp_params), None
+            )
+            found.append((str(reduce), str(orig)))
+    return found
 
 
 def param_layouts(model: nn.Module) -> dict[str, tuple[str, tuple[int, ...]]]:

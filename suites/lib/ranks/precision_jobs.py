@@ -9,11 +9,12 @@ import os
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from harness import RankContext
 from suites.lib.ranks.checkpoint_jobs import format_options
 from suites.lib.ranks.cuda_jobs import expected_index
-from suites.lib.ranks.fsdp2_readers import reduce_dtypes
+from suites.lib.ranks.fsdp2_readers import reduce_dtypes, unit_dtypes
 from suites.lib.ranks.readers import gathered_state, local
 from suites.lib.ranks.training import (
     Trained,
@@ -23,10 +24,16 @@ from suites.lib.ranks.training import (
     optimizer_state_dtypes,
     setup,
 )
-from suites.lib.shared.models import Scale, build_model, clean_name
+from suites.lib.shared.models import Scale, build_model, clean_name, make_batch
 from suites.lib.shared.specs import Scenario
 
-__all__ = ["buffer_rank", "dtype_rank", "skip_rank", "true_low_dtype_rank"]
+__all__ = [
+    "buffer_rank",
+    "dtype_rank",
+    "frozen_start_rank",
+    "skip_rank",
+    "true_low_dtype_rank",
+]
 
 
 def dtype_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
@@ -45,6 +52,43 @@ def dtype_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
     out["reduce"] = sorted(reduce)
     end(t.strategy)
     return out
+
+
+def frozen_start_rank(ctx: Any, scenario: Scenario, unit: str) -> dict[str, Any]:
+    """Freeze every parameter of ``unit`` before the first forward, take a step, unfreeze
+    it and run a forward and a backward (PREC-2 on a unit frozen at the first forward).
+
+    Returns what that backward raised (``raised``, else None), the unit's FSDP2 groups'
+    ``(reduce, cast-back)`` dtypes after it (``unit``), and the dtypes of its parameters and
+    their gradients (``params``, ``grads``)."""
+    t = setup(ctx, scenario)
+    dp_rank = t.strategy.distributed_sampler_kwargs["rank"]
+    params = [p for n, p in t.model.named_parameters() if clean_name(n).startswith(f"{unit}.")]
+    for param in params:
+        param.requires_grad_(False)
+    micro_step(t, scenario, 0, 0, dp_rank)
+    t.strategy.optimizer_step(t.optimizer)
+    t.optimizer.zero_grad()
+    for param in params:
+        param.requires_grad_(True)
+    x, y = make_batch(scenario.model, scenario.plan.data_seed, 1, 0, dp_rank, 2)
+    x = t.strategy.precision.convert_input(x.to(t.strategy.root_device))
+    with t.strategy.precision.forward_context():
+        out = t.model(x)
+    loss = F.mse_loss(out.float(), y.to(t.strategy.root_device))
+    raised = None
+    try:  # every rank raises at the same point (the reduced gradient's assignment)
+        t.strategy.backward(loss, t.model)
+    except RuntimeError as exc:
+        raised = f"{type(exc).__name__}: {exc}"
+    read = {
+        "raised": raised,
+        "unit": unit_dtypes(t.model, unit),
+        "params": sorted({str(p.dtype) for p in params}),
+        "grads": sorted({str(p.grad.dtype) for p in params if p.grad is not None}),
+    }
+    end(t.strategy)
+    return read
 
 
 def skip_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:

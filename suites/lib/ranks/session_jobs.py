@@ -19,7 +19,7 @@ from torch import nn
 
 from harness.verdicts.attribution import clause
 from suites.lib.ranks.checkpoint_jobs import build, path_for, read_state
-from suites.lib.ranks.training import Trained, end, micro_step
+from suites.lib.ranks.training import Trained, end, hold_gradients, micro_step
 from suites.lib.shared.models import clean_name
 from suites.lib.shared.session_ops import (
     AddGroup,
@@ -113,8 +113,7 @@ def segment_rank(ctx: Any, segment: Segment) -> dict[str, Any]:
     structure = segment.structure
     t = _build(ctx, segment, structure)
     if segment.source is not None:
-        with clause(segment.load_clause):
-            t.strategy.load_checkpoint(segment.source, _state(t), strict=segment.strict)
+        _load(t, segment, segment.source, segment.strict, segment.pending, segment.load_clause)
     checks: list[dict[str, Any]] = []
     for op in segment.ops:
         if isinstance(op, Check):
@@ -132,7 +131,7 @@ def segment_rank(ctx: Any, segment: Segment) -> dict[str, Any]:
             with clause("TRAIN-4"):
                 t.strategy.load_checkpoint(op.path, _state(t), strict=op.strict)
         else:  # Rebuild
-            t = _rebuild(ctx, t, segment, structure, op.path)
+            t = _rebuild(ctx, t, segment, structure, op.path, op.pending)
     out = _read(t)
     out["checks"] = checks
     if segment.probe is not None:  # what a checkpoint of this state restores (the live
@@ -148,15 +147,31 @@ def segment_rank(ctx: Any, segment: Segment) -> dict[str, Any]:
     return out
 
 
-def _rebuild(ctx: Any, t: Trained, segment: Segment, structure: Structure, path: str) -> Trained:
-    """Save to ``path``, tear the strategy down, set up again with ``structure`` and load."""
+def _load(
+    t: Trained, segment: Segment, path: str, strict: bool, pending: bool, clause_id: str
+) -> None:
+    """Load ``path`` into ``t``; with ``pending``, after a forward and a backward whose
+    gradients are dropped after the load (the recipe's next step starts from none)."""
+    if pending:
+        with clause("TRAIN-4"):
+            hold_gradients(t, segment.scenario, t.strategy.distributed_sampler_kwargs["rank"])
+    with clause(clause_id):
+        t.strategy.load_checkpoint(path, _state(t), strict=strict)
+    if pending:
+        t.model.zero_grad()
+
+
+def _rebuild(
+    ctx: Any, t: Trained, segment: Segment, structure: Structure, path: str, pending: bool
+) -> Trained:
+    """Save to ``path``, tear the strategy down, set up again with ``structure`` and load
+    (after a forward and a backward with ``pending``)."""
     with clause("TRAIN-4"):
         t.strategy.save_checkpoint(path, _state(t))
     with clause("API-8"):
         t.strategy.teardown()
     t = _build(ctx, segment, structure)
-    with clause("TRAIN-4"):
-        t.strategy.load_checkpoint(path, _state(t))
+    _load(t, segment, path, True, pending, "TRAIN-4")
     return t
 
 

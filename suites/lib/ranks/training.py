@@ -27,6 +27,7 @@ __all__ = [
     "Trained",
     "compute_dtypes",
     "end",
+    "hold_gradients",
     "micro_step",
     "optimizer_state_dtypes",
     "setup",
@@ -112,6 +113,20 @@ def micro_step(t: Trained, scenario: Scenario, step: int, micro: int, dp_rank: i
     with clause("API-4"):
         t.strategy.backward(loss / plan.micro_batches, t.model)
     return float(loss.detach())
+
+
+def hold_gradients(t: Trained, scenario: Scenario, dp_rank: int) -> None:
+    """A forward and a backward of one micro-batch, no step: the parameters hold gradients,
+    as in a recipe that resumes from a checkpoint after its first micro-batch (CKPT-RT-1,
+    TRAIN-4). The buffers the checkpoint does not hold (non-persistent ones) are put back
+    as they were, so that what follows a load meets the same ones as without the pass."""
+    persistent = set(t.model.state_dict())
+    kept = {n: b.detach().clone() for n, b in t.model.named_buffers() if n not in persistent}
+    micro_step(t, scenario, 0, 0, dp_rank)
+    with torch.no_grad():
+        for n, b in t.model.named_buffers():
+            if n in kept:
+                b.copy_(kept[n])
 
 
 def train(

@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from suites.lib.shared.specs import FSDP2Config, FSDPConfig, Scenario
 
-__all__ = ["AXES", "MOMENTS", "fsdp2_layout", "moment_pairs", "scenario_axes"]
+__all__ = [
+    "AXES",
+    "HELD_GRADIENTS_LOAD",
+    "MOMENTS",
+    "fsdp2_layout",
+    "moment_pairs",
+    "scenario_axes",
+]
 
 #: the axes, in the order the coverage table shows them
 AXES = ("family", "sharding", "precision", "wrap", "world_size", "checkpoint", "model", "moment")
@@ -93,9 +100,19 @@ def scenario_axes(scenario: Scenario, fmt: str | None = None) -> dict[str, tuple
 #: their scope): after an optimizer step (the ordinary moment); before the first step, when
 #: the optimizer has no state yet (a recipe validating its checkpointing at step 0); a second
 #: save of the same objects after more training; between the micro-batches of an accumulated
-#: step, gradients pending (a time-based or pre-emption save). A job reports the moments of
-#: its saves (``moments`` of its plan or segment: :mod:`suites.lib.controller.dispatch`).
-MOMENTS = ("after a step", "before first step", "second save", "mid-accumulation")
+#: step, gradients pending (a time-based or pre-emption save). One moment is a load's: into
+#: objects whose optimizer never stepped while their parameters hold gradients (a recipe that
+#: ran a forward and a backward, then resumed; :data:`HELD_GRADIENTS_LOAD`). A job reports
+#: the moments of its saves and loads (``moments`` of its plan or segment:
+#: :mod:`suites.lib.controller.dispatch`).
+HELD_GRADIENTS_LOAD = "load with gradients held"
+MOMENTS = (
+    "after a step",
+    "before first step",
+    "second save",
+    "mid-accumulation",
+    HELD_GRADIENTS_LOAD,
+)
 
 
 def moment_pairs(

@@ -75,9 +75,13 @@ class Load:
 
 @dataclass(frozen=True)
 class Rebuild:
-    """Save to ``path``, tear the strategy down, build it again and load ``path``."""
+    """Save to ``path``, tear the strategy down, build it again and load ``path``; with
+    ``pending``, the new objects run a forward and a backward before the load (their
+    optimizer never stepped, their parameters hold gradients) and drop those gradients
+    after it."""
 
     path: str
+    pending: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,9 @@ class Segment:
     ``probe`` (a checkpoint path), the job also saves the state the ops reach there and
     loads it into fresh objects of the same structure: what the check compares twice.
     ``moments`` are the moments of its saves (:data:`suites.lib.shared.axes.MOMENTS`), for
-    the coverage's ``moment`` axis.
+    the coverage's ``moment`` axis. With ``pending``, the fresh objects run a forward and a
+    backward before loading ``source`` (gradients held, the optimizer never stepped: the
+    ``load with gradients held`` moment) and drop those gradients after the load.
     """
 
     scenario: Scenario
@@ -122,6 +128,7 @@ class Segment:
     ops: list[Op] = field(default_factory=list)
     probe: str | None = None
     moments: list[str] = field(default_factory=list)
+    pending: bool = False
 
 
 def after(structure: Structure, op: Freeze | AddGroup) -> Structure:

@@ -93,10 +93,11 @@ def _moment_param(family: str, fmt: str) -> Any:
     return pytest.param(family, fmt, id=f"{family}-{fmt}", marks=pytest.mark.clause(*clauses))
 
 
-#: a job per family, in a format each: every moment meets both families and both formats (an
-#: fsdp full save and a model_parallel sharded one: the gathered state of FSDP1 units, the
-#: DTensor shards of tensor parallelism); about what three plain round trips cost
-MOMENT_CASES = (("fsdp", "full"), ("model_parallel", "sharded"))
+#: a job per family, in a format each: every moment meets every family and both formats (an
+#: fsdp full save, a model_parallel and an fsdp2 sharded one: the gathered state of FSDP1
+#: units, the DTensor shards of tensor parallelism and of fully_shard's own units, where a
+#: load with gradients held loses optimizer state); each about what three plain round trips cost
+MOMENT_CASES = (("fsdp", "full"), ("model_parallel", "sharded"), ("fsdp2", "sharded"))
 
 
 @pytest.mark.world_size(2)

@@ -83,15 +83,9 @@ def test_zoo_bug_is_caught_on_its_clause(factory: str, tmp_path: Path) -> None:
     assert result.returncode == 1, (
         f"{factory}: the suites did not fail (rc={result.returncode})\n{tail}"
     )
-    # [Note: a bug met inside a strategy method] A bug whose first failure is the strategy's
-    # own load raising (an untagged exception inside load_checkpoint) is filed under that
-    # method's clause, the round trip, and the bug's own clause reads blocked by that one
-    # finding (saves_non_persistent_buffers: a strict load meets the saved buffer). Its
-    # check, which declares the bug's clause, must still fail saying what is wrong.
-    recorded = report["clauses"].get(clause)
-    assert recorded == "failed" or (
-        recorded == "blocked" and "failed" in report["clauses"].values()
-    ), f"{factory}: report.json records {clause} as {recorded!r}\n{tail}"
+    assert report["clauses"].get(clause) == "failed", (
+        f"{factory}: report.json records {clause} as {report['clauses'].get(clause)!r}\n{tail}"
+    )
     failed = [c for c in report["checks"] if clause in c["clauses"] and c["outcome"] == "failed"]
     texts = [c["failure"] or "" for c in failed]
     assert any(re.search(words, text, re.DOTALL) for text in texts), (

@@ -5,10 +5,10 @@ Lightning, FairScale, torchtitan): checkpoint bugs, run against the checkpoint s
 bugs that need the transformer-shaped zoo, run against ``suites/test_training.py``. Each
 inner run selects only the checks of the clause the bug breaks (``--clauses``), stops at the
 first failure (``-x``) and does not shrink (Hypothesis profile ``selfcheck``). It must fail,
-the conformance report must record the clause as ``failed`` (one bug no rule can
-file under its clause is named below, with the one clause it is filed under), and a failed check of that
-clause must say what went wrong (the key words below). The reference strategy must pass the
-same selection.
+the conformance report must record the clause as ``failed`` (the one bug no rule can file
+under its clause is named below, with the clause it is filed under), and a failed check of
+that clause must say what went wrong (the key words below). The reference strategy must
+pass the same selection.
 """
 
 from __future__ import annotations

@@ -119,6 +119,9 @@ class Attribution:
         method: the strategy method a suite called that the exception came out of
             (``load_checkpoint``), or ``""``: an untagged failure is that method's clause's
             (:func:`harness.verdicts.attribution.method_clause`).
+        raised_in: for an exception raised in torch's code (a desync caught in c10d, a shape
+            error in an op) called from the strategy's, torch's innermost frame; ``where``
+            is then the strategy's own line that called into torch. ``""`` otherwise.
     """
 
     clause: str
@@ -130,6 +133,7 @@ class Attribution:
     through: tuple[str, ...] = ()
     difference: str = ""
     method: str = ""
+    raised_in: str = ""
 
     @property
     def place(self) -> str:
@@ -190,6 +194,44 @@ def _where_in_text(text: str) -> tuple[str, bool]:
     outside = [f for f in frames if not _own(f[0])]
     file, line, func = (outside or frames)[-1]
     return f"{_short_path(file)}:{line} {func}", bool(outside)
+
+
+#: torch's own code (the package and its companions), wherever it is installed
+_TORCH = re.compile(r"[/\\](?:torch|functorch|torchgen)[/\\]")
+
+
+def _in_torch(path: str) -> bool:
+    return bool(_TORCH.search(path)) and _installed(path)
+
+
+def _caller_of_torch(text: str) -> tuple[str, str]:
+    """For a traceback whose innermost frame outside shardcheck is torch's: ``(the innermost
+    frame outside shardcheck, torch and Python's own library, as a location; torch's
+    frame)``, the strategy's line that called into torch and where torch raised; ``("",
+    "")`` when the exception was not raised in torch or no such caller is on the stack (a
+    suite that called torch itself)."""
+    frames = [(m["file"], m["line"], m["func"]) for m in _FRAME.finditer(text)]
+    outside = [f for f in frames if not _own(f[0])]
+    if not outside or not _in_torch(outside[-1][0]):
+        return "", ""
+    callers = [f for f in outside if not _in_torch(f[0]) and not f[0].startswith(_STDLIB)]
+    if not callers:
+        return "", ""
+    file, line, func = callers[-1]
+    torch_file, torch_line, torch_func = outside[-1]
+    return (
+        f"{_short_path(file)}:{line} {func}",
+        f"{_short_path(torch_file)}:{torch_line} {torch_func}",
+    )
+
+
+def _strategy_site(attribution: Attribution, text: str) -> Attribution:
+    """``attribution`` whose ``where`` is the strategy's line that called into torch when
+    the exception was raised in torch's code, torch's frame kept as ``raised_in``."""
+    caller, raised_in = _caller_of_torch(text)
+    if not caller:
+        return attribution
+    return replace(attribution, where=caller, raised_in=raised_in)
 
 
 def _collective_site(story: str) -> tuple[str, bool] | None:
@@ -411,7 +453,7 @@ def _attribute_plain(exc: BaseException) -> Attribution:
     first = _first(message) or _no_message(type_name, text, where)
     key = _assertion_key(message) if kind == "assertion" else mask(message)
     attribution = Attribution(clause, kind, type_name, key, where, first)
-    return _with_method(attribution, text)
+    return _with_method(_strategy_site(attribution, text), text)
 
 
 def _first(message: str) -> str:
@@ -434,7 +476,7 @@ def _rank_attribution(failure: RankFailure, clause: str) -> Attribution:
         kind = "raised" if outside else "assertion"
         line = _first(error.message) or _no_message(error.type_name, error.traceback, where)
         attribution = Attribution(clause, kind, error.type_name, mask(error.message), where, line)
-        return _with_method(attribution, error.traceback)
+        return _with_method(_strategy_site(attribution, error.traceback), error.traceback)
     if first.kind == "crashed":
         what = f"exit code {first.exitcode}"
         clause = clause or clause_at_crash(first.stacks)

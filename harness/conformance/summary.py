@@ -89,7 +89,8 @@ def finding_lines(report: Report) -> list[str]:
         message = unprefixed(f.message, f.clauses)
         lines.append(_clip(f"  {f.id} {', '.join(f.clauses)}: {message}{late}"))
         if f.where:
-            lines.append(_clip(f"     at {f.where}"))
+            raised = f" (raised in {f.raised_in})" if f.raised_in else ""
+            lines.append(_clip(f"     at {f.where}{raised}"))
         shown = ", ".join(f.checks[:3]) + (
             f" (+{len(f.checks) - 3} more)" if len(f.checks) > 3 else ""
         )

@@ -170,6 +170,7 @@ class Triage:
                     signature=f.signature,
                     message=f.attribution.message,
                     where=f.attribution.where,
+                    raised_in=f.attribution.raised_in,
                     checks=list(f.checks),
                     example=finding_example(
                         texts.get(f.first_check, ""), f.first_check, params.get(f.first_check, {})

@@ -143,9 +143,11 @@ def _findings(report: Report) -> list[str]:
             for label, text in (("example", f.example), ("reproduce", f.reproduce))
             if text
         )
+        raised = f" (raised in {_e(f.raised_in)})" if f.raised_in else ""
         out.append(
             f'<tr><td class="id">{_e(f.id)}</td><td class="cl">{_e(", ".join(f.clauses))}</td>'
-            f'<td><code>{_e(f.message)}</code>{late}<div class="where">{_e(f.where)}</div></td>'
+            f"<td><code>{_e(f.message)}</code>{late}"
+            f'<div class="where">{_e(f.where)}{raised}</div></td>'
             f"<td><code>{_e(f.checks[0] if f.checks else '')}</code></td><td>{len(f.checks)}</td>"
             f"<td><details><summary>show</summary>{detail}</details></td></tr>"
         )

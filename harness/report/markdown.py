@@ -95,6 +95,8 @@ def _finding_lines(report: Report) -> list[str]:
         lines.append(f"- message: {_cell(f.message)}")
         if f.where:
             lines.append(f"- where: `{f.where}`")
+        if f.raised_in:
+            lines.append(f"- raised in: `{f.raised_in}`")
         lines.append(f"- signature: `{f.signature}`")
         lines.append(f"- checks ({len(f.checks)}): {', '.join(f.checks)}")
         if f.example:

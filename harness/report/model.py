@@ -129,7 +129,8 @@ class FindingResult:
         clauses: the clauses it breaks.
         signature: the grouping key (clause, exception type, masked message, location).
         message: the first failure's message, first line.
-        where: ``file:line function`` where it was raised (outside shardcheck when known).
+        where: ``file:line function`` where it was raised (outside shardcheck when known):
+            for an exception raised in torch's code, the strategy's line that called it.
         checks: the checks it made fail or blocked (or, ``late``, was seen in).
         example: the failing example (Hypothesis' shrunk example), when there was one.
         reproduce: a command that reruns the check it was found in.
@@ -138,6 +139,8 @@ class FindingResult:
         kind: what kind of failure it is (lost or corrupted data, a wrong result, a race
             between ranks, a hang or desync, a crash, leftover files, a refusal with the
             wrong exception, a convention); findings come worst kind first.
+        raised_in: for an exception raised in torch's code, torch's frame where it was
+            raised (``where`` is the strategy's line that called it); else ``""``.
     """
 
     id: str
@@ -151,6 +154,7 @@ class FindingResult:
     late: bool = False
     found_after_s: float = 0.0
     kind: str = ""
+    raised_in: str = ""
 
 
 @dataclass

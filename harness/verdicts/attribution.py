@@ -37,6 +37,33 @@ finding (the method it looks through is known to be broken); otherwise the failu
 it would be without ``looking`` (another clause's tag still blocks the check by that
 clause). Where a check can decide by itself whose method broke (the files on disk did not
 change, so a wrong load is the load's), it raises under ``clause`` instead.
+
+[Note: the clause of a failure met in a method] Which clause an exception raised inside a
+strategy method breaks, the first rule that applies:
+
+1. The innermost ``clause(...)`` block open when the exception passed it, on the rank or in
+   the controller around the job, names it (:func:`tag`), whatever the method: the suite
+   that wrapped the call knows what the call exercises better than the method's name does
+   (``with clause("CKPT-BUF-1"): strategy.load_checkpoint(...)`` files a failed load under
+   CKPT-BUF-1, not the round trip). The tag is set while the exception passes the block, so
+   the rules below only ever see a failure met with no block open. A block's clause wins
+   even when it is not one the method can break: the suite said what its call is for. (A
+   ``looking`` block is no such block: it says which findings may explain the failure.)
+   One exception: a training step in a job that loaded a checkpoint, tagged by its own
+   block, is the round trip's the check declares while no finding explains it (the step
+   ran on what the load left; :meth:`harness.conformance.findings.Findings.settle`).
+2. Untagged: the method's most telling clause the check declares (:func:`method_clause`:
+   ``load_checkpoint`` in a round trip is the round trip's, CKPT-RT-1).
+3. A checkpoint method the check declares none of those for: the check's first checkpoint
+   clause the method can break (a failed ``load_checkpoint`` of the trainer layout check is
+   CKPT-TRAINER-1's, never CKPT-REKEY-2's, which is about what torch's own loader reads).
+4. Else the method's own first clause: the check is blocked by it.
+
+What no rule can tell: a load that rightly refuses what its own save wrote (a strict load
+meeting a non-persistent buffer the save should not have written, CKPT-BUF-1) raises inside
+``load_checkpoint`` like a broken load, and is filed under the round trip. Only a suite that
+looks at the file under the save's clause before it loads (rule 1) files it under that
+clause.
 """
 
 from __future__ import annotations
@@ -188,7 +215,14 @@ def looked_through(exc: BaseException) -> tuple[str, ...]:
 #: every round-trip clause: a failure in a training step of a job that loaded a checkpoint
 #: looks through them (the step ran on what the load left)
 ROUND_TRIP_CLAUSES = ("CKPT-RT-1", "CKPT-RT-2", "CKPT-RT-3", "CKPT-RT-4", "CKPT-RT-5", "CKPT-RT-6")
-_CHECKPOINT = (*ROUND_TRIP_CLAUSES, "CKPT-SAVE-6", "CKPT-SAVE-7", "CKPT-LOAD-1", "CKPT-LOAD-2")
+_CHECKPOINT = (
+    *ROUND_TRIP_CLAUSES,
+    "CKPT-SAVE-6",
+    "CKPT-SAVE-7",
+    "CKPT-LOAD-1",
+    "CKPT-LOAD-2",
+    "CKPT-TRAINER-1",
+)
 #: the strategy methods that train (run a step on the objects a check holds)
 TRAINING_METHODS = frozenset({"backward", "optimizer_step", "clip_gradients_norm", "forward"})
 #: a strategy method -> the clauses that say what it does, most telling first
@@ -212,18 +246,28 @@ _METHOD_CLAUSES: dict[str, tuple[str, ...]] = {
 }
 
 
+#: checkpoint clauses a strategy method cannot break: what torch's own ``load_state_dict``
+#: reads from the file the strategy saved (CKPT-REKEY-2) is the save's, never the load's
+_NOT_BROKEN_BY: dict[str, frozenset[str]] = {
+    "load_checkpoint": frozenset({"CKPT-REKEY-2"}),
+}
+
+
 def method_clause(method: str, check_clauses: list[str]) -> str:
     """The clause an untagged exception raised inside the strategy's ``method`` breaks, for
-    a check declaring ``check_clauses``: the method's most telling clause the check declares
-    (a checkpoint method: else the check's first ``CKPT-*`` clause), else the method's own
-    first clause (the check is then blocked by it); ``""`` for a method the contract does
-    not name."""
+    a check declaring ``check_clauses`` ([Note: the clause of a failure met in a method]):
+    the method's most telling clause the check declares (a checkpoint method: else the
+    check's first ``CKPT-*`` clause the method can break), else the method's own first
+    clause (the check is then blocked by it); ``""`` for a method the contract does not
+    name."""
     known = _METHOD_CLAUSES.get(method, ())
     declared = [c for c in known if c in check_clauses]
     if declared:
         return declared[0]
     if known is _CHECKPOINT:
-        return next((c for c in check_clauses if c.startswith("CKPT-")), known[0])
+        cannot = _NOT_BROKEN_BY.get(method, frozenset())
+        breakable = (c for c in check_clauses if c.startswith("CKPT-") and c not in cannot)
+        return next(breakable, known[0])
     return known[0] if known else ""
 
 

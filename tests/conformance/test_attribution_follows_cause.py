@@ -226,3 +226,96 @@ def test_decimals_are_numbers_not_random_names() -> None:
 
     assert mask(clip("0.05", "0.0138267")) == mask(clip("0.001", "0.000276534"))
     assert "max_norm=N)" in mask(clip("0.05", "0.0138267"))
+
+
+# --- [Note: the clause of a failure met in a method] -------------------------------------
+
+ROUND_TRIP = ["CKPT-BUF-1", "CKPT-LOAD-2", "CKPT-RT-1", "CKPT-SAVE-4", "CKPT-STRICT-3"]
+IN_LOAD = _traceback("round_trip_rank", (MINE, 377, "load_checkpoint"), (MINE, 58, "_keys"))
+UNEXPECTED = "Unexpected key(s) in the checkpoint for 'model': 'scale.offset'"
+
+
+def test_a_clause_block_open_on_the_rank_beats_the_methods_clause() -> None:
+    triage = Triage({})
+    check = _check("test_round_trip[fsdp-full]", ROUND_TRIP)
+    failure = _failure("KeyError", UNEXPECTED, IN_LOAD, clause="CKPT-BUF-1")
+    finding = triage.attribute(check, failure)
+    assert finding.clauses == ["CKPT-BUF-1"] and check.failed_clauses == ["CKPT-BUF-1"]
+    assert check.blocked_by == ""
+
+
+def test_a_clause_block_open_in_the_controller_around_the_job_names_the_clause() -> None:
+    from harness import clause
+
+    try:
+        with clause("CKPT-TRAINER-1"):  # the controller's block around run(...)
+            raise _failure("IndexError", "tuple index out of range", IN_LOAD)
+    except RankFailure as exc:
+        tagged = exc
+    triage = Triage({})
+    check = _check("test_trainer_layout", ["CKPT-REKEY-2", "CKPT-TRAINER-1"])
+    assert triage.attribute(check, tagged).clauses == ["CKPT-TRAINER-1"]
+    assert check.blocked_by == ""
+
+
+def test_with_no_block_open_an_untagged_load_is_the_round_trips() -> None:
+    triage = Triage({})
+    check = _check("test_round_trip[fsdp-full]", ROUND_TRIP)
+    finding = triage.attribute(check, _failure("KeyError", UNEXPECTED, IN_LOAD))
+    assert finding.clauses == ["CKPT-RT-1"] and check.blocked_by == ""
+
+
+def test_a_checkpoint_method_never_breaks_a_clause_about_torchs_own_loader() -> None:
+    trainer = ["CKPT-REKEY-2", "CKPT-TRAINER-1"]  # sorted, as a check holds them
+    assert method_clause("load_checkpoint", trainer) == "CKPT-TRAINER-1"
+    assert method_clause("save_checkpoint", trainer) == "CKPT-TRAINER-1"
+    # the plain model's load_state_dict reads the file: the strategy's load blocks the check
+    assert method_clause("load_checkpoint", ["CKPT-REKEY-2"]) == "CKPT-RT-1"
+    assert method_clause("save_checkpoint", ["CKPT-REKEY-2"]) == "CKPT-REKEY-2"
+    assert method_clause("load_checkpoint", ["CKPT-REKEY-1", "MP-3"]) == "CKPT-REKEY-1"
+
+
+# --- where a failure raised in torch's code is cited ------------------------------------
+
+C10D = f"{TORCH}/distributed/distributed_c10d.py"
+MISMATCH = (
+    "Detected mismatch between collectives on ranks. Rank 0 is running collective: "
+    "CollectiveFingerPrint(SequenceNumber=30OpType=BARRIER), but Rank 1 is running "
+    "collective: CollectiveFingerPrint(SequenceNumber=30OpType=GATHER)"
+)
+
+
+def test_a_desync_is_cited_at_the_strategys_call_not_in_c10d() -> None:
+    from harness.verdicts.failures import CollectiveDesync
+
+    text = _traceback(
+        "round_trip_rank",
+        (MINE, 377, "load_checkpoint"),
+        (MINE, 146, "_load_full_model"),
+        (f"{TORCH}/distributed/c10d_logger.py", 81, "wrapper"),
+        (C10D, 4811, "barrier"),
+    )
+    error = RemoteError("RuntimeError", MISMATCH, text, is_distributed=True)
+    outcomes = [Outcome(0, "raised", error=error), Outcome(1, "raised", error=error)]
+    attribution = attribute(CollectiveDesync("desync: rank 0 entered BARRIER", outcomes))
+    assert attribution.where == f"{MINE}:146 _load_full_model"
+    assert attribution.raised_in == "torch/distributed/distributed_c10d.py:4811 barrier"
+    assert attribution.method == "load_checkpoint"
+
+
+def test_an_error_raised_in_torch_is_cited_at_the_strategys_line() -> None:
+    attribution = attribute(_failure("AssertionError", "", BARE_ASSERT))
+    assert attribution.where == f"{MINE}:412 _load_optimizers"
+    assert attribution.raised_in == "torch/distributed/tensor/placement_types.py:993 _shard_tensor"
+
+
+def test_torch_called_by_a_suite_itself_is_cited_in_torch() -> None:
+    text = _traceback("round_trip_rank", (f"{TORCH}/serialization.py", 1470, "load"))
+    attribution = attribute(_failure("RuntimeError", "weights only load failed", text))
+    assert attribution.where == "torch/serialization.py:1470 load"
+    assert attribution.raised_in == ""
+
+
+def test_a_strategys_own_error_has_no_raised_in() -> None:
+    attribution = attribute(_failure("KeyError", UNEXPECTED, IN_LOAD))
+    assert attribution.where == f"{MINE}:58 _keys" and attribution.raised_in == ""

@@ -31,11 +31,14 @@ class Expected:
         words: words the finding's headline holds, in its first 160 characters.
         findings: how many findings (0: the bug is a refusal, reported ``unsupported``).
         nightly: the case runs only in the nightly job.
+        where: words the finding's ``where`` holds: for an error raised in torch's code,
+            the strategy's own line that called torch (torch's frame is ``raised_in``).
     """
 
     words: tuple[str, ...]
     findings: int = 1
     nightly: bool = True
+    where: str = ""
 
 
 EXPECTED = {
@@ -45,7 +48,7 @@ EXPECTED = {
     "load_leaves_plain_state": Expected(("mixed torch.Tensor and DTensor",)),
     "unsupported_from_method": Expected((), findings=0),
     "returns_before_written": Expected(("neither a checkpoint file",)),
-    "barrier_on_rank_zero": Expected(("BARRIER",)),
+    "barrier_on_rank_zero": Expected(("BARRIER",), where="independent/"),
     "refuses_on_rank_zero": Expected(("refusing to replace it with a directory",), nightly=False),
     "shape_error_in_save": Expected(("stack expects each tensor to be equal size",)),
 }
@@ -99,6 +102,10 @@ def test_a_planted_bug_is_one_finding_under_its_clause(bug: str, tmp_path: Path)
     headline = finding["message"][:160]
     for word in expected.words:
         assert word in headline, f"{bug}: {word!r} is not in the headline {headline!r}"
+    assert expected.where in finding["where"], (
+        f"{bug}: cited at {finding['where']!r} (raised in {finding.get('raised_in')!r}), "
+        f"not at a line of {expected.where!r}"
+    )
     mine = [c for c in report["checks"] if c.get("finding") == finding["id"]]
     others = {c for check in mine for c in check["clauses"]} - {clause}
     wrongly = {c: report["clauses"][c] for c in others if report["clauses"][c] in FAILING}

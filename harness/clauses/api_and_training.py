@@ -180,13 +180,18 @@ SHARDING = Section(
             "fsdp2 family: each parameter is a DTensor split along dim 0 over the mesh's shard "
             "dimension (ceil(dim0 / shard) rows per rank) and, under HSDP, replicated over its "
             "replicate dimension; the shards together are the whole model.",
+            # model_parallel: the layouts with a data-parallel or a tensor-parallel
+            # dimension of more than one rank (on one rank nothing is split)
             scope=(
-                ("family", ("fsdp", "fsdp2")),
+                ("family", ("fsdp", "model_parallel", "fsdp2")),
                 (
                     "sharding",
                     (
                         "FULL_SHARD",
                         "SHARD_GRAD_OP",
+                        "dp",
+                        "tp",
+                        "dp+tp",
                         *_FSDP2_LAYOUTS,
                     ),
                 ),

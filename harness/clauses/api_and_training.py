@@ -215,12 +215,17 @@ SHARDING = Section(
         Clause(
             "WRAP-2",
             "A module the user wrapped already is left as it is; the auto-wrap policy is then "
-            "ignored and a warning says so.",
-            # the user's own unit is built with FSDP's defaults (full sharding, float32): a
-            # root of another sharding or precision around it is a mix torch does not support
+            "ignored and a warning says so. Wrapped means, for the fsdp family, a "
+            "`FullyShardedDataParallel` unit the user made, and for the fsdp2 family a module "
+            "the user applied `fully_shard` to (an `FSDPModule`): it stays one, the root "
+            "becomes one, and no other module does, whatever the policy selects.",
+            # the user's own unit is built with the defaults (FSDP1: full sharding; fully_shard:
+            # reshard after forward over a 1-D mesh of the world; float32 both): a root of
+            # another sharding or precision around it is a mix torch does not support (FSDP1)
+            # or the clause does not speak of (fsdp2)
             scope=(
-                ("family", ("fsdp",)),
-                ("sharding", ("FULL_SHARD",)),
+                ("family", ("fsdp", "fsdp2")),
+                ("sharding", ("FULL_SHARD", "reshard after forward")),
                 ("precision", ("32-true",)),
             ),
         ),

@@ -107,8 +107,11 @@ CONSTRUCTION = Section(
             "CFG-3",
             "`device_mesh` is a `(replicate, shard)` tuple, built at `setup_environment` on the "
             "rank's device type (cpu too), or a `DeviceMesh`. A tuple whose product differs "
-            "from the world size raises `ValueError` naming the tuple and the world size.",
-            scope=(("family", ("fsdp",)),),
+            "from the world size raises `ValueError` naming the tuple and the world size. "
+            "Under the fsdp family the mesh is hybrid sharding's; under the fsdp2 family it "
+            "asks for HSDP: every parameter is a DTensor on it, replicated over `replicate` "
+            "and split along dim 0 over `shard`.",
+            scope=(("family", ("fsdp", "fsdp2")),),
         ),
         Clause(
             "CFG-4",
@@ -116,8 +119,9 @@ CONSTRUCTION = Section(
             "classes, a `ModuleWrapPolicy` or `CustomPolicy`, or a callable policy. The older "
             "`activation_checkpointing` (a class or a list of classes) keeps working with a "
             "deprecation warning, and giving it together with `activation_checkpointing_policy` "
-            "raises `ValueError`.",
-            scope=(("family", ("fsdp",)),),
+            "raises `ValueError`. This holds for the fsdp and fsdp2 families alike; under "
+            "fsdp2 each module `auto_wrap_policy` selects gets its own `fully_shard`.",
+            scope=(("family", ("fsdp", "fsdp2")),),
         ),
         Clause(
             "CFG-5",

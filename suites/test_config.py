@@ -1,4 +1,5 @@
-"""CONTRACT.md CFG-1..CFG-6: the fsdp family's options.
+"""CONTRACT.md CFG-1..CFG-6: the fsdp family's options (CFG-3 and CFG-4 the fsdp2 family's too:
+their jobs run each of the two families the strategy builds, and report which).
 
 Bad input must get a clear error: the tests check the exception type and, with
 ``pytest.raises(..., match=...)`` on the ranks, the key words of the message (the value and
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 
 from harness import run_on_ranks
 from suites.lib.controller.cuda_env import has_accelerator
+from suites.lib.controller.dispatch import report
 from suites.lib.controller.oracles import assert_parity
 from suites.lib.controller.scenarios import SHARDING_STRATEGIES, job_world, world_sizes
 from suites.lib.ranks.config_jobs import (
@@ -97,20 +99,55 @@ MESH_SIDE = st.integers(1, 8)
 def test_device_mesh_tuple_or_mesh(
     world: int, name: str, shapes: list[tuple[int, int]], as_object: bool
 ) -> None:
-    results = run_on_ranks(device_mesh_rank, name, shapes, as_object, world_size=world)
-    for rank, seen in enumerate(results):
-        for (replicate, shard), (kind, detail, device) in zip(shapes, seen, strict=True):
-            if replicate * shard != world:
-                assert kind == "refused", f"rank {rank}: {(replicate, shard)} {detail}"
-                continue
-            expected = [[(name, shard, replicate, device)]]
-            if shard == 1:  # plain replication: NO_SHARD over the world is that too
-                expected.append([("NO_SHARD", world, None, None)])
-            assert detail in expected, (
-                f"rank {rank}: device_mesh={(replicate, shard)} (as a DeviceMesh: {as_object}) "
-                f"built units with (strategy, shard group size, replicate group size, mesh "
-                f"device type) {detail}; expected {' or '.join(map(str, expected))}"
-            )
+    results = _families_reached(
+        run_on_ranks(device_mesh_rank, name, shapes, as_object, world_size=world)
+    )
+    for rank, by_family in enumerate(results):
+        for family, seen in by_family.items():
+            for shape, (kind, detail, device) in zip(shapes, seen, strict=True):
+                what = f"rank {rank} ({family}): device_mesh={shape} (as a DeviceMesh: {as_object})"
+                replicate, shard = shape
+                if replicate * shard != world:
+                    assert kind == "refused", f"{what} at world size {world}: {detail}"
+                    continue
+                expected = _mesh_layouts(family, name, shape, world, device)
+                assert detail in expected, (
+                    f"{what} built {_MESH_LAYOUT[family]} {detail}; expected "
+                    f"{' or '.join(map(str, expected))}"
+                )
+
+
+#: what :func:`~suites.lib.ranks.config_jobs.device_mesh_rank` reads of a built model
+_MESH_LAYOUT = {
+    "fsdp": "units with (strategy, shard group size, replicate group size, mesh device type)",
+    "fsdp2": "parameters with (mesh shape, mesh device type, placements)",
+}
+
+
+def _mesh_layouts(
+    family: str, name: str, shape: tuple[int, int], world: int, device: str
+) -> list[list[tuple[Any, ...]]]:
+    """The layouts a ``(replicate, shard)`` mesh may give ``family``'s model (CFG-3)."""
+    replicate, shard = shape
+    expected: list[list[tuple[Any, ...]]]
+    if family == "fsdp2":  # HSDP: every parameter sharded over shard, replicated over replicate
+        expected = [[((replicate, shard), device, ("Replicate()", "Shard(dim=0)"))]]
+        if replicate == 1:  # one replica: plain sharding over a 1-D mesh is that too
+            expected.append([((shard,), device, ("Shard(dim=0)",))])
+        return expected
+    expected = [[(name, shard, replicate, device)]]
+    if shard == 1:  # plain replication: NO_SHARD over the world is that too
+        expected.append([("NO_SHARD", world, None, None)])
+    return expected
+
+
+def _families_reached(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``results`` (per rank, by family), after reporting the families rank 0 ran for the
+    clause's coverage (the job runs each family the strategy builds: the dispatch sees no
+    scenario and reports none)."""
+    for family in results[0]:
+        report({"family": (family,)})
+    return results
 
 
 # --- CFG-4 ------------------------------------------------------------------------------
@@ -121,13 +158,17 @@ def test_policies_in_every_accepted_form() -> None:
     plain = build_model(SPEC, "meta")
     units = sorted(WrapSpec("classes", ("Block",)).expected_units(plain) | {""})
     checkpointed = sorted(ACSpec("classes", ("Block",)).expected_wrapped(plain))
-    for rank, seen in enumerate(run_on_ranks(policy_rank, world_size=job_world())):
-        for key, value in seen.items():
-            expected = units if key.startswith("wrap") else checkpointed
-            assert value == expected, (
-                f"rank {rank}: {key} selected {value}; every Block (and only Blocks) "
-                f"should be: {expected}"
-            )
+    results = _families_reached(run_on_ranks(policy_rank, world_size=job_world()))
+    for rank, by_family in enumerate(results):
+        for family, seen in by_family.items():
+            for key, value in seen.items():
+                expected = units if key.startswith("wrap") else checkpointed
+                what = "units" if key.startswith("wrap") else "checkpointed modules"
+                assert value == expected, (
+                    f"rank {rank} ({family}): {key} selected the {what} {value}; every Block "
+                    f"(and only Blocks{', and the root' if what == 'units' else ''}) should "
+                    f"be: {expected}"
+                )
 
 
 # --- CFG-5 ------------------------------------------------------------------------------

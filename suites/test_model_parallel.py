@@ -73,6 +73,8 @@ def test_tensor_parallel_and_fsdp2_training_matches_the_plain_model(scenario: Sc
 
 
 @pytest.mark.clause("SHARD-1", "MP-2")
+# the model_parallel rows of SHARD-1's one cover (test_sharding runs the fsdp and fsdp2 rows)
+@covering_examples("SHARD-1", part=lambda scenario: scenario.family == "model_parallel")
 @given(scenarios("model_parallel"))
 @example(ZOO_2X2)
 def test_fsdp2_and_tensor_parallel_placements(scenario: Scenario) -> None:

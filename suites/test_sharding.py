@@ -3,9 +3,11 @@ consistency, wrap policies, activation checkpointing.
 
 SHARD-1 is checked here for the fsdp family (FSDP1's flat parameters) and the fsdp2 family
 (DTensor rows over the shard dimension), and in ``test_model_parallel.py`` for the
-model_parallel family. WRAP-1 and WRAP-2 speak of FSDP1 units (the fsdp2 family's are
-FSDP2-1's, in ``test_fsdp2.py``); AC-1 and AC-2 run the two families that checkpoint by their
-own policy.
+model_parallel family; the three checks share the clause's one value cover, each running its
+family's rows. WRAP-1 speaks of FSDP1 units (the fsdp2 family's are FSDP2-1's, in
+``test_fsdp2.py``); WRAP-2 runs a unit the user made under the fsdp family (an FSDP1 wrapper)
+and the fsdp2 family (``fully_shard``); AC-1 and AC-2 run the two families that checkpoint by
+their own policy.
 
 Every test drives the strategy only through ``ctx.make_strategy`` (``--strategy``) and
 reads the result with torch's own APIs (``suites/lib/ranks/readers.py``,
@@ -166,18 +168,20 @@ def test_a_module_the_user_wrapped_is_kept_and_the_policy_ignored() -> None:
 @pytest.mark.clause("WRAP-2")
 @pytest.mark.parametrize("row", covering_rows("WRAP-2"), ids=lambda row: row.id)
 def test_a_module_the_user_wrapped_is_kept_across_the_space(row: CoverRow) -> None:
-    """Every wrap kind, world size and model of the clause's scope (``blocks.0`` wrapped by
-    the user)."""
+    """Every family, wrap kind, world size and model of the clause's scope (``blocks.0``
+    made a unit by the user: an FSDP1 wrapper, or ``fully_shard`` under the fsdp2 family)."""
     _check_prewrapped(row.scenario)
 
 
 def _check_prewrapped(scenario: Scenario) -> None:
     config = scenario.strategy
-    assert isinstance(config, FSDPConfig)
+    assert isinstance(config, (FSDPConfig, FSDP2Config))
+    unit = "FSDP unit" if scenario.family == "fsdp" else "fully_shard unit (FSDPModule)"
     for rank, out in enumerate(run(prewrapped_rank, scenario, world_size=scenario.world_size)):
         assert out["units"] == ["", "blocks.0"], (
-            f"rank {rank}: units {out['units']}: the user's unit must be kept and the policy "
-            "must not wrap blocks.1"
+            f"rank {rank} ({scenario.family}, wrap {config.wrap.kind}): {unit}s "
+            f"{out['units']}; the user's {unit} blocks.0 must be kept as it is, the root made "
+            "one, and no other module ('' is the root): the auto-wrap policy must be ignored"
         )
         assert config.wrap.kind == "none" or any(  # no policy: nothing to ignore
             "wrap" in w.lower() for w in out["warnings"]

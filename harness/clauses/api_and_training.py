@@ -107,8 +107,11 @@ CONSTRUCTION = Section(
             "CFG-3",
             "`device_mesh` is a `(replicate, shard)` tuple, built at `setup_environment` on the "
             "rank's device type (cpu too), or a `DeviceMesh`. A tuple whose product differs "
-            "from the world size raises `ValueError` naming the tuple and the world size.",
-            scope=(("family", ("fsdp",)),),
+            "from the world size raises `ValueError` naming the tuple and the world size. "
+            "Under the fsdp family the mesh is hybrid sharding's; under the fsdp2 family it "
+            "asks for HSDP: every parameter is a DTensor on it, replicated over `replicate` "
+            "and split along dim 0 over `shard`.",
+            scope=(("family", ("fsdp", "fsdp2")),),
         ),
         Clause(
             "CFG-4",
@@ -116,8 +119,9 @@ CONSTRUCTION = Section(
             "classes, a `ModuleWrapPolicy` or `CustomPolicy`, or a callable policy. The older "
             "`activation_checkpointing` (a class or a list of classes) keeps working with a "
             "deprecation warning, and giving it together with `activation_checkpointing_policy` "
-            "raises `ValueError`.",
-            scope=(("family", ("fsdp",)),),
+            "raises `ValueError`. This holds for the fsdp and fsdp2 families alike; under "
+            "fsdp2 each module `auto_wrap_policy` selects gets its own `fully_shard`.",
+            scope=(("family", ("fsdp", "fsdp2")),),
         ),
         Clause(
             "CFG-5",
@@ -180,13 +184,18 @@ SHARDING = Section(
             "fsdp2 family: each parameter is a DTensor split along dim 0 over the mesh's shard "
             "dimension (ceil(dim0 / shard) rows per rank) and, under HSDP, replicated over its "
             "replicate dimension; the shards together are the whole model.",
+            # model_parallel: the layouts with a data-parallel or a tensor-parallel
+            # dimension of more than one rank (on one rank nothing is split)
             scope=(
-                ("family", ("fsdp", "fsdp2")),
+                ("family", ("fsdp", "model_parallel", "fsdp2")),
                 (
                     "sharding",
                     (
                         "FULL_SHARD",
                         "SHARD_GRAD_OP",
+                        "dp",
+                        "tp",
+                        "dp+tp",
                         *_FSDP2_LAYOUTS,
                     ),
                 ),
@@ -210,12 +219,17 @@ SHARDING = Section(
         Clause(
             "WRAP-2",
             "A module the user wrapped already is left as it is; the auto-wrap policy is then "
-            "ignored and a warning says so.",
-            # the user's own unit is built with FSDP's defaults (full sharding, float32): a
-            # root of another sharding or precision around it is a mix torch does not support
+            "ignored and a warning says so. Wrapped means, for the fsdp family, a "
+            "`FullyShardedDataParallel` unit the user made, and for the fsdp2 family a module "
+            "the user applied `fully_shard` to (an `FSDPModule`): it stays one, the root "
+            "becomes one, and no other module does, whatever the policy selects.",
+            # the user's own unit is built with the defaults (FSDP1: full sharding; fully_shard:
+            # reshard after forward over a 1-D mesh of the world; float32 both): a root of
+            # another sharding or precision around it is a mix torch does not support (FSDP1)
+            # or the clause does not speak of (fsdp2)
             scope=(
-                ("family", ("fsdp",)),
-                ("sharding", ("FULL_SHARD",)),
+                ("family", ("fsdp", "fsdp2")),
+                ("sharding", ("FULL_SHARD", "reshard after forward")),
                 ("precision", ("32-true",)),
             ),
         ),

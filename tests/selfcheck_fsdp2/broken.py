@@ -18,9 +18,12 @@ from reference_impl.fsdp2 import FSDP2Strategy
 
 __all__ = [
     "hsdp_replicas_never_all_reduce",
+    "ignores_module_wrap_policy",
     "ignores_reshard_after_forward",
+    "ignores_the_mesh_tuple",
     "leaves_a_unit_unwrapped",
     "reduces_in_float32",
+    "rewraps_the_users_units",
     "writes_running_var_low",
 ]
 
@@ -129,3 +132,41 @@ def writes_running_var_low(spec: StrategySpec) -> Any:
     broken: Any = object.__new__(cls)
     broken.__dict__.update(reference.__dict__)
     return broken
+
+
+class _RewrapsUsersUnits:
+    """``setup_module`` does not see the user's ``fully_shard`` units: the wrap policy is
+    applied as if there were none (no warning), on top of them."""
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        class _Never:  # no module is an instance: the user's units go unseen
+            pass
+
+        with mock.patch.object(fsdp2_module, "FSDPModule", _Never):
+            result: nn.Module = super().setup_module(module)  # type: ignore[misc]
+        return result
+
+
+def rewraps_the_users_units(spec: StrategySpec) -> Any:
+    """WRAP-2: a module the user applied ``fully_shard`` to is overridden by the policy."""
+    return _as(_reference(spec), _RewrapsUsersUnits)
+
+
+def ignores_the_mesh_tuple(spec: StrategySpec) -> Any:
+    """CFG-3: a ``(replicate, shard)`` tuple is accepted and checked, then dropped: the mesh
+    is 1-D over the world (no HSDP)."""
+    strategy = _reference(spec)
+    if isinstance(strategy._mesh_option, tuple):
+        strategy._mesh_option = None
+    return strategy
+
+
+def ignores_module_wrap_policy(spec: StrategySpec) -> Any:
+    """CFG-4: an ``auto_wrap_policy`` given as a ``ModuleWrapPolicy`` wraps nothing (only the
+    root is a unit)."""
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    strategy = _reference(spec)
+    if isinstance(spec.auto_wrap_policy, ModuleWrapPolicy):
+        strategy.auto_wrap_policy = None
+    return strategy

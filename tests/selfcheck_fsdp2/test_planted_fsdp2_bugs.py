@@ -20,7 +20,12 @@ PLANTED = {
     "reduces_in_float32": "FSDP2-4",
 }
 #: planted bugs of other clauses, each in its own suite: factory -> (clause, suite)
-OTHER = {"writes_running_var_low": ("PREC-4", "suites/test_precision.py")}
+OTHER = {
+    "writes_running_var_low": ("PREC-4", "suites/test_precision.py"),
+    "rewraps_the_users_units": ("WRAP-2", "suites/test_sharding.py"),
+    "ignores_the_mesh_tuple": ("CFG-3", "suites/test_config.py"),
+    "ignores_module_wrap_policy": ("CFG-4", "suites/test_config.py"),
+}
 
 
 @pytest.mark.parametrize("factory", sorted(PLANTED) + sorted(OTHER))

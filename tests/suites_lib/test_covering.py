@@ -117,16 +117,18 @@ def _values(scenarios: list, scope: dict) -> dict[str, set[str]]:
 
 
 def test_a_value_cover_takes_every_value_of_the_clause_scope_in_few_scenarios() -> None:
-    # fsdp (FULL_SHARD and SHARD_GRAD_OP) and fsdp2 (each of its layouts)
+    # fsdp (FULL_SHARD and SHARD_GRAD_OP), model_parallel (dp, tp, dp+tp) and fsdp2 (each
+    # of its layouts)
     shard = value_cover(WORLDS, "SHARD-1")
     scope = dict(CLAUSES["SHARD-1"].scope)
     declared = in_scope(universe(WORLDS), scope)
     declared.pop("checkpoint")  # the value cover takes scenarios; formats are the caller's
     declared["sharding"] |= {"reshard to 2"}  # not paired: pairwise_candidates
     assert _values(list(shard), scope) == declared
-    assert {s.family for s in shard} == {"fsdp", "fsdp2"}
-    # at least the seven wrap kinds of the two families; preferring cheap rows may add some
-    assert 7 <= len(shard) <= 12
+    assert {s.family for s in shard} == {"fsdp", "model_parallel", "fsdp2"}
+    # at least the eleven wrap kinds of the three families; preferring cheap rows may add
+    # some
+    assert 11 <= len(shard) <= 16
     both = value_cover(WORLDS, "TRAIN-1")  # no scope: three families, eleven wrap kinds
     every = {
         axis: values for axis, values in values_of(universe(WORLDS)).items() if axis != "checkpoint"
@@ -176,7 +178,7 @@ def test_covering_examples_split_one_cover_between_checks_by_part() -> None:
     from hypothesis import given
     from hypothesis import strategies as st
 
-    seen: dict[str, list[object]] = {"fsdp": [], "fsdp2": []}
+    seen: dict[str, list[object]] = {"fsdp": [], "model_parallel": [], "fsdp2": []}
 
     def check_of(family: str) -> Callable[[], None]:
         @covering_examples("SHARD-1", part=lambda s: s.family == family)
@@ -191,7 +193,7 @@ def test_covering_examples_split_one_cover_between_checks_by_part() -> None:
         check_of(family)()
     # each check runs its family's rows of the one cover, and together they are the cover
     assert all(s.family == f for f, runs in seen.items() for s in runs)  # type: ignore[attr-defined]
-    together = sorted(map(repr, seen["fsdp"] + seen["fsdp2"]))
+    together = sorted(map(repr, [s for runs in seen.values() for s in runs]))
     assert together == sorted(map(repr, value_cover(WORLDS, "SHARD-1")))
 
 

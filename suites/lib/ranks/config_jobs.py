@@ -1,5 +1,6 @@
 """Rank side of the construction and validation checks (``test_config.py``: CFG-1..CFG-6,
-the fsdp family's options; ``test_config_general.py``: CFG-7..CFG-10, both families).
+the fsdp family's options, CFG-3 and CFG-4 the fsdp2 family's too;
+``test_config_general.py``: CFG-7..CFG-10, both families).
 
 Each job builds strategies through the plug-in contract with the helpers of
 :mod:`suites.lib.ranks.construction` and records, per value tried, what torch built or which
@@ -20,6 +21,7 @@ from suites.lib.ranks.construction import (
     SPEC,
     all_of,
     build,
+    each_family,
     expect_error,
     fsdp_units,
     named,
@@ -36,6 +38,7 @@ from suites.lib.shared.specs import Scenario
 __all__ = [
     "PRECISIONS",
     "PUBLIC_SHARDING",
+    "SELF_SHARDING",
     "device_mesh_rank",
     "foreign_options",
     "honour_rank",
@@ -112,33 +115,64 @@ def hybrid_rank(ctx: Any) -> dict[str, Any]:
     return out
 
 
+#: the families whose ``device_mesh`` and policy options CFG-3 and CFG-4 speak of
+SELF_SHARDING = ("fsdp", "fsdp2")
+
+
 def device_mesh_rank(
     ctx: Any, name: str, shapes: list[tuple[int, int]], as_object: bool
-) -> list[tuple[Any, ...]]:
+) -> dict[str, list[tuple[Any, ...]]]:
+    """Per family of :data:`SELF_SHARDING` the strategy builds: for each ``(replicate,
+    shard)`` shape, as a tuple or (``as_object``) a ``DeviceMesh``, ``("refused", message,
+    device type)`` (the product is not the world size) or ``("built", layout, device type)``.
+    The layout is, for the fsdp family (``sharding_strategy=name``), the units' sorted
+    :func:`~suites.lib.ranks.construction.unit_groups`; for the fsdp2 family, the parameters'
+    sorted ``(mesh shape, mesh device type, placements)`` (``(None, None, ())``: a parameter
+    that is not a DTensor)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    supported_families(ctx, ("fsdp",))
-    out: list[tuple[Any, ...]] = []
     world = ctx.world_size
-    for replicate, shard in shapes:
-        if replicate * shard != world:
-            shape = (replicate, shard)
-            message = expect_error(
-                ValueError,
-                all_of(number(replicate), number(shard), number(world)),
-                f"device_mesh={shape} at world size {world}",
-                lambda shape=shape: build(ctx, "fsdp", sharding_strategy=name, device_mesh=shape),
-                allow_unsupported=True,
-            )
-            out.append(("refused", message, ctx.device.type))
-            continue
-        mesh: Any = (replicate, shard)
-        if as_object:
-            mesh = init_device_mesh(ctx.device.type, mesh, mesh_dim_names=("replicate", "shard"))
-        strategy = build(ctx, "fsdp", sharding_strategy=name, device_mesh=mesh)
-        model = strategy.setup_module(build_model(SPEC))
-        out.append(("built", sorted({unit_groups(u) for u in fsdp_units(model)}), ctx.device.type))
-    return out
+
+    def options(family: str, mesh: Any) -> dict[str, Any]:
+        named_sharding = {"sharding_strategy": name} if family == "fsdp" else {}
+        return {**named_sharding, "device_mesh": mesh}
+
+    def layout(family: str, model: torch.nn.Module) -> list[Any]:
+        if family == "fsdp":
+            return sorted({unit_groups(u) for u in fsdp_units(model)})
+        found = set()
+        for p in model.parameters():
+            mesh = getattr(p, "device_mesh", None)  # None: not a DTensor
+            placements = tuple(repr(x) for x in getattr(p, "placements", ()))
+            shape = tuple(mesh.shape) if mesh is not None else None
+            found.add((shape, mesh.device_type if mesh is not None else None, placements))
+        return sorted(found, key=repr)
+
+    def shapes_of(family: str) -> list[tuple[Any, ...]]:
+        out: list[tuple[Any, ...]] = []
+        for replicate, shard in shapes:
+            if replicate * shard != world:
+                shape = (replicate, shard)
+                message = expect_error(
+                    ValueError,
+                    all_of(number(replicate), number(shard), number(world)),
+                    f"{family}: device_mesh={shape} at world size {world}",
+                    lambda shape=shape: build(ctx, family, **options(family, shape)),
+                    allow_unsupported=True,
+                )
+                out.append(("refused", message, ctx.device.type))
+                continue
+            mesh: Any = (replicate, shard)
+            if as_object:
+                mesh = init_device_mesh(
+                    ctx.device.type, mesh, mesh_dim_names=("replicate", "shard")
+                )
+            strategy = build(ctx, family, **options(family, mesh))
+            model = strategy.setup_module(build_model(SPEC))
+            out.append(("built", layout(family, model), ctx.device.type))
+        return out
+
+    return each_family(ctx, SELF_SHARDING, shapes_of)
 
 
 def _policies() -> dict[str, Any]:
@@ -157,32 +191,46 @@ def _policies() -> dict[str, Any]:
     }
 
 
-def policy_rank(ctx: Any) -> dict[str, Any]:
-    from suites.lib.ranks.structure import checkpoint_wrapped, fsdp1_units
+def policy_rank(ctx: Any) -> dict[str, dict[str, Any]]:
+    """Per family of :data:`SELF_SHARDING` the strategy builds: the units (``wrap FORM``)
+    and the checkpointed modules (``checkpoint FORM``, ``legacy FORM``) that each accepted
+    form of a policy selecting the Blocks gives."""
+    from suites.lib.ranks.structure import checkpoint_wrapped, fsdp1_units, fsdp2_units
 
-    out: dict[str, Any] = {}
-    for form, policy in _policies().items():
-        model = build(ctx, "fsdp", auto_wrap_policy=policy).setup_module(build_model(SPEC))
-        out[f"wrap {form}"] = sorted(fsdp1_units(model))
-        strategy = build(ctx, "fsdp", activation_checkpointing_policy=policy)
-        out[f"checkpoint {form}"] = checkpoint_wrapped(strategy.setup_module(build_model(SPEC)))
-    for form, legacy in (("class", Block), ("list", [Block])):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            strategy = build(ctx, "fsdp", extra={"activation_checkpointing": legacy})
-        deprecations = [
-            str(w.message)
-            for w in caught
-            if issubclass(w.category, (DeprecationWarning, FutureWarning))
-            or "deprecat" in str(w.message).lower()
-        ]
-        assert deprecations, f"activation_checkpointing={legacy} gave no deprecation warning"
-        model = strategy.setup_module(build_model(SPEC))
-        out[f"legacy {form}"] = checkpoint_wrapped(model)
-    legacy_too = {"activation_checkpointing": Block}
-    with pytest.raises(ValueError, match="activation_checkpointing"):
-        build(ctx, "fsdp", activation_checkpointing_policy={Block}, extra=legacy_too)
-    return out
+    def forms(family: str) -> dict[str, Any]:
+        units = fsdp1_units if family == "fsdp" else fsdp2_units
+        out: dict[str, Any] = {}
+        for form, policy in _policies().items():
+            model = build(ctx, family, auto_wrap_policy=policy).setup_module(build_model(SPEC))
+            out[f"wrap {form}"] = sorted(units(model))
+            strategy = build(ctx, family, activation_checkpointing_policy=policy)
+            out[f"checkpoint {form}"] = checkpoint_wrapped(strategy.setup_module(build_model(SPEC)))
+        for form, legacy in (("class", Block), ("list", [Block])):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                strategy = build(ctx, family, extra={"activation_checkpointing": legacy})
+            deprecations = [
+                str(w.message)
+                for w in caught
+                if issubclass(w.category, (DeprecationWarning, FutureWarning))
+                or "deprecat" in str(w.message).lower()
+            ]
+            assert deprecations, (
+                f"{family}: activation_checkpointing={legacy} gave no deprecation warning "
+                f"(warnings: {[str(w.message) for w in caught]})"
+            )
+            model = strategy.setup_module(build_model(SPEC))
+            out[f"legacy {form}"] = checkpoint_wrapped(model)
+        legacy_too = {"activation_checkpointing": Block}
+        expect_error(
+            ValueError,
+            "activation_checkpointing",
+            f"{family}: activation_checkpointing together with activation_checkpointing_policy",
+            lambda: build(ctx, family, activation_checkpointing_policy={Block}, extra=legacy_too),
+        )
+        return out
+
+    return each_family(ctx, SELF_SHARDING, forms)
 
 
 def orig_params_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypeVar, overload
 
 import pytest
 import torch
@@ -23,6 +23,7 @@ __all__ = [
     "SPEC",
     "all_of",
     "build",
+    "each_family",
     "expect_error",
     "fsdp_units",
     "named",
@@ -31,6 +32,8 @@ __all__ = [
     "supported_families",
     "unit_groups",
 ]
+
+T = TypeVar("T")
 
 FAMILIES = ("fsdp", "model_parallel")
 #: a Block and a NestedBlock (wrap units inside a unit), a Scale and a head
@@ -136,6 +139,27 @@ def supported_families(ctx: RankContext, families: tuple[str, ...] = FAMILIES) -
     if refusal is not None and not supported:
         raise refusal
     return supported
+
+
+def each_family(
+    ctx: RankContext, families: tuple[str, ...], job: Callable[[str], T]
+) -> dict[str, T]:
+    """``job(family)`` for each of ``families`` the strategy builds
+    (:func:`supported_families`), by family. A family whose job raises ``Unsupported`` (the
+    strategy builds its default configuration but not the one the job asks for) is left out,
+    so that one family's refusal does not hide another's results; when every family is left
+    out, the last ``Unsupported`` is raised (the check is then unsupported, not failed).
+    """
+    out: dict[str, T] = {}
+    refusal: Unsupported | None = None
+    for family in supported_families(ctx, families):
+        try:
+            out[family] = job(family)
+        except Unsupported as exc:
+            refusal = exc
+    if refusal is not None and not out:
+        raise refusal
+    return out
 
 
 def fsdp_units(model: torch.nn.Module) -> list[Any]:

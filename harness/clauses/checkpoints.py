@@ -140,10 +140,12 @@ CHECKPOINTS = Section(
         ),
         Clause(
             "CKPT-TRAINER-1",
-            "On request the strategy writes the trainer layout (one full file: the model under "
-            "`state_dict`, an `optimizer_states` list in standard integer-keyed form, and other "
-            "entries) and loads it back, matching optimizers by position; a number of "
-            "optimizers different from the file's raises `RuntimeError` naming both numbers.",
+            "A full save whose `state` holds a *list* of optimizers writes each of them in "
+            "torch's standard form (integer parameter ids 0..n-1 in `param_groups` order, as "
+            "`Optimizer.state_dict()` returns), gathered: with the module under `state_dict` "
+            "and the list under `optimizer_states` that one file is the trainer layout. "
+            "Loading it matches optimizers by position, and a number of optimizers different "
+            "from the file's raises `RuntimeError` naming both numbers.",
             scope=(
                 ("checkpoint", ("full",)),  # the trainer layout is one full file
                 # What two optimizers can hold: under FSDP1 each flat parameter must lie in

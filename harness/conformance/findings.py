@@ -43,6 +43,10 @@ _RACE = re.compile(r"(?:differ|not the same) (?:between|across|on every) ranks|o
 _DESYNC = re.compile(r"mismatch between collectives|collectives that do not match|desync")
 _LEFTOVER = re.compile(r"directory held|left (?:behind|beside)|partial")
 _REFUSAL = re.compile(r"nothing was raised|; expected \w+")
+#: a checkpoint that holds the right data in another layout (an optimizer keyed by parameter
+#: names where the trainer layout wants torch's integer ids: torch's own loader still maps
+#: it by position), a convention of the contract, not lost data
+_LAYOUT = re.compile(r"not in the standard form")
 
 
 def failure_kind(attribution: Attribution, clauses: list[str]) -> str:
@@ -64,6 +68,8 @@ def failure_kind(attribution: Attribution, clauses: list[str]) -> str:
         return "leftover files"
     if _REFUSAL.search(message):
         return "refusal with the wrong exception"
+    if _LAYOUT.search(message):
+        return "convention"
     if data or "CKPT-SAVE-6" in clauses:
         return "lost or corrupted data"
     if any(_RESULT_CLAUSES.match(c) for c in clauses):

@@ -32,6 +32,10 @@ def test_each_kind_of_failure_is_told_apart() -> None:
             ["CKPT-STRICT-1"],
         ),
         (_a("assertion", "checkpoint_io was readable"), ["API-7"]),
+        (
+            _a("assertion", "optimizer 0 is not in the standard form (ids 0..n-1 ...)"),
+            ["CKPT-TRAINER-1"],  # the data is there, keyed by names: a layout convention
+        ),
     ]
     kinds = [failure_kind(attribution, clauses) for attribution, clauses in cases]
     assert kinds == [
@@ -45,6 +49,7 @@ def test_each_kind_of_failure_is_told_apart() -> None:
         "lost or corrupted data",
         "leftover files",
         "refusal with the wrong exception",
+        "convention",
         "convention",
     ]
     assert set(kinds) == set(KINDS)

@@ -7,8 +7,9 @@ then. A unit whose parameters were all frozen at that moment (a fine-tuning reci
 trains it later) gets none, for good: once unfrozen, its gradients reduce in the compute
 dtype and are assigned to the float32 sharded parameters without the cast back, which
 raises ("attempting to assign a gradient with dtype ... BFloat16 ...") or, with low-dtype
-sharded parameters, reduces silently in the wrong dtype (pytorch#186998, fixed in torch
-after 2.13). Before each backward the reference resolves the dtypes of such units again
+sharded parameters, reduces silently in the wrong dtype (pytorch#186998: torch 2.11.0 and
+2.13.0 have it; 2.14.1 resolves such a unit from its floating parameters, so there this is a
+no-op; the private names used here exist in all three). Before each backward the reference resolves the dtypes of such units again
 from their parameters that train now (PREC-2, CONTRACT.md); a unit resolved already is left
 as it is.
 """

@@ -82,6 +82,10 @@ class Check:
     search_ended: bool = False  # its shrink budget ended Hypothesis' search (not Hypothesis)
     exercised: list[dict[str, tuple[str, ...]]] = field(default_factory=list)  # axis values run
     params: dict[str, str] = field(default_factory=dict)  # its parameters, repr'd (the example)
+    # Hypothesis' several distinct failures, listed (:mod:`.distinct`), and the first one's
+    # @reproduce_failure note; "" for a single failure
+    distinct: str = ""
+    distinct_replay: str = ""
 
     def record_unsupported(self, description: str) -> None:
         """Remember one ``unsupported: ...`` description (each distinct one once)."""
@@ -100,8 +104,12 @@ class Check:
     def settle(self, outcome: str, message: str | None, text: str = "") -> None:
         """Take ``outcome`` if it is worse than the current one (phases: the worst wins).
 
-        A failure attributed to a clause the check does not declare makes it ``blocked``.
+        A failure attributed to a clause the check does not declare makes it ``blocked``;
+        Hypothesis' several distinct failures are each listed (:attr:`distinct`).
         """
+        if self.distinct and outcome in ("failed", "blocked", "desync", "hang"):
+            message = self.distinct if message is None else _with_listing(message, self.distinct)
+            text = f"{self.distinct_replay}\n{text}"  # the reproduce line replays the first
         if outcome == "failed" and self.blocked_by:
             outcome = "blocked"
             message = f"blocked by {self.blocked_by} ({self.finding}): {message}"
@@ -109,6 +117,15 @@ class Check:
             message = f"{message}\n(finding {self.finding}, not shrunk again: see {self.found_in})"
         if self.outcome is None or SEVERITY.index(outcome) < SEVERITY.index(self.outcome):
             self.outcome, self.failure, self.text = outcome, message, text
+
+
+def _with_listing(message: str, listing: str) -> str:
+    """The message with pytest's one-line summary of an exception group (``ExceptionGroup:
+    Hypothesis found 2 distinct failures. (2 sub-exceptions)``) told as the listing."""
+    first, _, rest = message.partition("\n")
+    if "distinct failures" in first:
+        return f"{listing}\n{rest}".rstrip()
+    return f"{message}\n{listing}"
 
 
 @functools.lru_cache(maxsize=1024)

@@ -24,6 +24,7 @@ from harness.conformance.checks import (
     world_sizes_of,
 )
 from harness.conformance.coverage import coverage_of
+from harness.conformance.distinct import describe
 from harness.conformance.examples import item_parameters
 from harness.conformance.findings import Finding
 from harness.conformance.progress import Progress, terminal_writer
@@ -209,6 +210,9 @@ class ConformancePlugin:
         except BaseException as exc:
             if is_failure(exc) and check.id:
                 self._announce(self.triage.attribute(check, exc), item)
+                several = describe(exc, check.clauses)
+                if several is not None:
+                    check.distinct, check.distinct_replay = several.listing, several.decorator
             raise
         finally:
             if inner is not None:

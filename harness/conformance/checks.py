@@ -26,6 +26,7 @@ __all__ = [
     "collector_id",
     "failure_text",
     "family_of",
+    "family_parameter",
     "load_expected_failures",
     "module_name",
     "not_run_reason",
@@ -68,6 +69,7 @@ class Check:
     unsupported: list[str] = field(default_factory=list)
     examples_ran: int = 0
     family: str = ""
+    family_parameter: str = ""  # its ``family`` parameter: every example builds that family
     finding: str = ""  # the finding its failure belongs to (failed, blocked)
     failed_clauses: list[str] = field(default_factory=list)  # what the failure broke
     blocked_by: str = ""  # the other clause whose violation kept it from its property
@@ -282,6 +284,14 @@ def clauses_of(item: pytest.Item) -> list[str]:
                 )
             clauses.add(arg.strip())
     return sorted(clauses)
+
+
+def family_parameter(item: pytest.Item) -> str:
+    """The check's ``family`` parameter (``@pytest.mark.parametrize("family", ...)``), or
+    ``""``: unlike :func:`family_of`'s guesses, a family every example of the check builds."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    family = params.get("family")
+    return family if isinstance(family, str) and family in _FAMILY_WORDS else ""
 
 
 def family_of(item: pytest.Item, clauses: list[str]) -> str:

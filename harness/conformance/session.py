@@ -19,6 +19,7 @@ from harness.conformance.checks import (
     collector_id,
     failure_text,
     family_of,
+    family_parameter,
     load_expected_failures,
     not_run_reason,
     world_sizes_of,
@@ -121,6 +122,7 @@ class ConformancePlugin:
             clauses = clauses_of(item)
             check = Check(check_id(item), item.nodeid, clauses, world_sizes_of(item))
             check.family = family_of(item, clauses)
+            check.family_parameter = family_parameter(item)
             check.params = item_parameters(item)
             junit.collected(item, check)
             self.checks[item.nodeid] = check

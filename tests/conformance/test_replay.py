@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import hypothesis
 import pytest
@@ -15,6 +15,9 @@ from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_a
 
 from harness.conformance.replay import apply, as_option, parse
 from harness.hypothesis_compat import REPRODUCE_FAILURE_ATTRIBUTE
+
+if TYPE_CHECKING:
+    from tests.conformance.conftest import Run
 
 
 def _blob_of_a_failure() -> str:
@@ -122,3 +125,45 @@ def test_apply_refuses_several_tests() -> None:
     item: Any = SimpleNamespace(obj=plain, nodeid="suites/t.py::test_machine")
     with pytest.raises(pytest.UsageError, match="replays one check's example, but 2 tests"):
         apply("6.1.0:AXic", [item, item])
+
+
+MACHINE_SUITE = """
+import pytest
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
+
+class Counter(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+        with open("machines.txt", "a") as out:
+            out.write("m")
+
+    @rule(step=st.integers(min_value=1, max_value=3))
+    def add(self, step):
+        self.count += step
+        assert self.count <= 3, f"CKPT-RT-1: count {self.count}"
+
+@pytest.mark.clause("CKPT-RT-1")
+@pytest.mark.parametrize("family", ["fsdp"])
+def test_session(family):
+    machine = type(f"Counter_{family}", (Counter,), {})
+    run_state_machine_as_test(machine, settings=settings(print_blob=True, database=None))
+"""
+
+
+def test_a_state_machine_checks_reproduce_line_replays_its_failure(
+    run_suite: Callable[..., Run], pytester: pytest.Pytester
+) -> None:
+    first = run_suite(MACHINE_SUITE)
+    (check,) = first.report()["checks"]
+    line = check["reproducer"]
+    assert check["outcome"] == "failed" and "--reproduce-failure=" in line, line
+    machines = pytester.path / "machines.txt"
+    machines.unlink()
+    replay = line.split("--reproduce-failure=")[1].split()[0]
+    again = run_suite(None, "test_fake.py::test_session[fsdp]", f"--reproduce-failure={replay}")
+    assert again.ret == 1, again.text[-2000:]
+    failure = again.check("test_fake.test_session[fsdp]")["failure"]
+    assert failure.splitlines()[0] == check["failure"].splitlines()[0]  # CKPT-RT-1: count 4
+    assert machines.read_text() == "m"  # the failing machine alone: no search

@@ -85,9 +85,9 @@ class Check:
     exercised: list[dict[str, tuple[str, ...]]] = field(default_factory=list)  # axis values run
     params: dict[str, str] = field(default_factory=dict)  # its parameters, repr'd (the example)
     # Hypothesis' several distinct failures, listed (:mod:`.distinct`), and the first one's
-    # @reproduce_failure note; "" for a single failure
+    # notes (failing example, @reproduce_failure); "" for a single failure
     distinct: str = ""
-    distinct_replay: str = ""
+    distinct_notes: str = ""
 
     def record_unsupported(self, description: str) -> None:
         """Remember one ``unsupported: ...`` description (each distinct one once)."""
@@ -111,7 +111,7 @@ class Check:
         """
         if self.distinct and outcome in ("failed", "blocked", "desync", "hang"):
             message = self.distinct if message is None else _with_listing(message, self.distinct)
-            text = f"{self.distinct_replay}\n{text}"  # the reproduce line replays the first
+            text = f"{self.distinct_notes}\n{text}"  # the finding's example and replay: the first's
         if outcome == "failed" and self.blocked_by:
             outcome = "blocked"
             message = f"blocked by {self.blocked_by} ({self.finding}): {message}"

@@ -31,12 +31,13 @@ class Distinct:
 
     Args:
         listing: the failure text's lines that list them, the first one's headline first.
-        decorator: the first one's ``@reproduce_failure(...)`` note, or ``""``: put before the
-            rest of the text so that the reproduce line replays that one.
+        notes: the first one's notes as Hypothesis wrote them (its failing example and its
+            ``@reproduce_failure(...)``), or ``""``: put before the rest of the failure text so
+            that the finding's example and the reproduce line are that one's.
     """
 
     listing: str
-    decorator: str
+    notes: str
 
 
 def _notes(exc: BaseException) -> list[str]:
@@ -100,4 +101,6 @@ def describe(exc: BaseException, own: Sequence[str] = ()) -> Distinct | None:
         replay = as_option(_decorator(leaf))
         if replay:
             lines.append(f"  replay it: {replay}")
-    return Distinct("\n".join(lines), _decorator(failures[0][0]))
+    first = failures[0][0]
+    notes = [n.strip() for n in _notes(first) if _EXAMPLE.match(n) or DECORATOR.search(n)]
+    return Distinct("\n".join(lines), "\n".join(notes))

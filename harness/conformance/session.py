@@ -214,7 +214,7 @@ class ConformancePlugin:
                 self._announce(self.triage.attribute(check, exc), item)
                 several = describe(exc, check.clauses)
                 if several is not None:
-                    check.distinct, check.distinct_replay = several.listing, several.decorator
+                    check.distinct, check.distinct_notes = several.listing, several.notes
             raise
         finally:
             if inner is not None:

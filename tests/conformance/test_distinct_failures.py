@@ -50,6 +50,7 @@ def test_each_distinct_failure_is_told_in_every_report(run_suite: RunSuite) -> N
     # the finding is the first one; the reproduce line replays that one
     (finding,) = run.report()["findings"]
     assert finding["message"] == "CKPT-RT-1: too big 51"
+    assert finding["example"].endswith(": test_two(\n    x=51,\n)")  # its example too
     assert check["reproducer"].endswith(lines[2].removeprefix("  replay it: "))
     markdown = run.markdown()
     assert "2 of 2: KeyError: 'odd 1'" in markdown and "test_two(x=1)" in markdown
@@ -65,7 +66,7 @@ def test_one_failure_adds_no_listing() -> None:
         group_type = pytest.importorskip("exceptiongroup").ExceptionGroup
     group = group_type("Hypothesis found 2 distinct failures.", [ValueError("a"), KeyError("b")])
     told = describe(group)
-    assert told is not None and told.decorator == ""  # no notes: no example, nothing to replay
+    assert told is not None and told.notes == ""  # no notes: no example, nothing to replay
     assert told.listing.splitlines() == [
         "ValueError: a (1 of 2 distinct failures Hypothesis found)",
         "2 of 2: KeyError: 'b'",

@@ -212,6 +212,11 @@ _COLLECTIVE_FILES = (
 )
 
 
+#: frames of those files whose name says nothing of the collective (``AsyncCollectiveTensor``'s
+#: ``wait`` over the ``wait_tensor`` it calls)
+_NOT_OP_NAMES = frozenset({"wait"})
+
+
 def _in_collective_file(filename: str) -> bool:
     return filename.replace(os.sep, "/").endswith(_COLLECTIVE_FILES)
 
@@ -219,14 +224,15 @@ def _in_collective_file(filename: str) -> bool:
 def waiting_collective(stacks: str) -> Collective | None:
     """The collective a rank's faulthandler dump shows it waiting in (a c10d call, or a
     functional collective such as DTensor's ``redistribute`` makes: the outermost such frame
-    with a public name, e.g. ``all_gather_tensor`` over ``wait_tensor``), with the innermost
+    that names an operation, e.g. ``all_gather_tensor`` over ``wait_tensor``, ``wait_tensor``
+    under ``AsyncCollectiveTensor.wait``), with the innermost
     strategy frame that called it; ``None`` when no thread is in one."""
     for block in stacks.split("\n\n"):
         frames = [m.groupdict() for m in _STACK_LINE.finditer(block)]  # innermost first
         ops = [f["name"] for f in frames if _in_collective_file(f["file"])]
         if not ops:
             continue
-        public = [op for op in ops if not op.startswith("_")]
+        public = [op for op in ops if not op.startswith("_") and op not in _NOT_OP_NAMES]
         op = (public or ops)[-1]
         caller = next((f for f in frames if _is_strategy_code(f["file"])), None)
         where = f"{caller['file']}:{caller['line']} in {caller['name']}" if caller else ""

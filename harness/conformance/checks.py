@@ -26,6 +26,7 @@ __all__ = [
     "collector_id",
     "failure_text",
     "family_of",
+    "family_parameter",
     "load_expected_failures",
     "module_name",
     "not_run_reason",
@@ -68,6 +69,7 @@ class Check:
     unsupported: list[str] = field(default_factory=list)
     examples_ran: int = 0
     family: str = ""
+    family_parameter: str = ""  # its ``family`` parameter: every example builds that family
     finding: str = ""  # the finding its failure belongs to (failed, blocked)
     failed_clauses: list[str] = field(default_factory=list)  # what the failure broke
     blocked_by: str = ""  # the other clause whose violation kept it from its property
@@ -82,6 +84,10 @@ class Check:
     search_ended: bool = False  # its shrink budget ended Hypothesis' search (not Hypothesis)
     exercised: list[dict[str, tuple[str, ...]]] = field(default_factory=list)  # axis values run
     params: dict[str, str] = field(default_factory=dict)  # its parameters, repr'd (the example)
+    # Hypothesis' several distinct failures, listed (:mod:`.distinct`), and the first one's
+    # notes (failing example, @reproduce_failure); "" for a single failure
+    distinct: str = ""
+    distinct_notes: str = ""
 
     def record_unsupported(self, description: str) -> None:
         """Remember one ``unsupported: ...`` description (each distinct one once)."""
@@ -100,8 +106,12 @@ class Check:
     def settle(self, outcome: str, message: str | None, text: str = "") -> None:
         """Take ``outcome`` if it is worse than the current one (phases: the worst wins).
 
-        A failure attributed to a clause the check does not declare makes it ``blocked``.
+        A failure attributed to a clause the check does not declare makes it ``blocked``;
+        Hypothesis' several distinct failures are each listed (:attr:`distinct`).
         """
+        if self.distinct and outcome in ("failed", "blocked", "desync", "hang"):
+            message = self.distinct if message is None else _with_listing(message, self.distinct)
+            text = f"{self.distinct_notes}\n{text}"  # the finding's example and replay: the first's
         if outcome == "failed" and self.blocked_by:
             outcome = "blocked"
             message = f"blocked by {self.blocked_by} ({self.finding}): {message}"
@@ -109,6 +119,15 @@ class Check:
             message = f"{message}\n(finding {self.finding}, not shrunk again: see {self.found_in})"
         if self.outcome is None or SEVERITY.index(outcome) < SEVERITY.index(self.outcome):
             self.outcome, self.failure, self.text = outcome, message, text
+
+
+def _with_listing(message: str, listing: str) -> str:
+    """The message with pytest's one-line summary of an exception group (``ExceptionGroup:
+    Hypothesis found 2 distinct failures. (2 sub-exceptions)``) told as the listing."""
+    first, _, rest = message.partition("\n")
+    if "distinct failures" in first:
+        return f"{listing}\n{rest}".rstrip()
+    return f"{message}\n{listing}"
 
 
 @functools.lru_cache(maxsize=1024)
@@ -265,6 +284,14 @@ def clauses_of(item: pytest.Item) -> list[str]:
                 )
             clauses.add(arg.strip())
     return sorted(clauses)
+
+
+def family_parameter(item: pytest.Item) -> str:
+    """The check's ``family`` parameter (``@pytest.mark.parametrize("family", ...)``), or
+    ``""``: unlike :func:`family_of`'s guesses, a family every example of the check builds."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    family = params.get("family")
+    return family if isinstance(family, str) and family in _FAMILY_WORDS else ""
 
 
 def family_of(item: pytest.Item, clauses: list[str]) -> str:

@@ -5,6 +5,12 @@ Hypothesis prints ``@reproduce_failure('6.170.17', b'AXic...')`` under a failure
 replays that very example. The reproducer line (:func:`harness.conformance.facts.reproducer`)
 turns it into this option, which puts the same instruction on the one selected test (what the
 decorator does) once collection is done.
+
+A state machine's check is a plain test that calls ``run_state_machine_as_test`` on a machine
+class it may build on the spot, and Hypothesis reads the instruction from that class (it copies
+it onto the ``@given`` test it builds for each run). So for a test that is not ``@given`` the
+instruction goes on ``RuleBasedStateMachine`` itself, which every machine class inherits it
+from, until the run ends.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ def apply(value: str, items: list[pytest.Item]) -> None:
     """Give the one selected test the example to replay.
 
     Raises:
-        pytest.UsageError: not exactly one test selected, or it is no ``@given`` test.
+        pytest.UsageError: not exactly one test selected.
     """
     version, blob = parse(value)
     if len(items) != 1:
@@ -58,11 +64,21 @@ def apply(value: str, items: list[pytest.Item]) -> None:
             f"--reproduce-failure replays one check's example, but {len(items)} tests are "
             "selected; pass the check's node id as the reproduce line does."
         )
-    test: Any = getattr(items[0], "obj", None)
-    if getattr(test, "hypothesis", None) is None:
-        raise pytest.UsageError(
-            f"--reproduce-failure: {items[0].nodeid} is not a Hypothesis @given test (a state "
-            f"machine is run by a plain test): add @reproduce_failure({version!r}, {blob!r}) "
-            "to its state machine class instead."
-        )
-    setattr(test, _ATTRIBUTE, (version, blob))
+    item = items[0]
+    test: Any = getattr(item, "obj", None)
+    if getattr(test, "hypothesis", None) is not None:
+        setattr(test, _ATTRIBUTE, (version, blob))
+        return
+    # a plain test: the state machine classes it runs read the instruction (module docstring)
+    from hypothesis.stateful import RuleBasedStateMachine
+
+    before = RuleBasedStateMachine.__dict__.get(_ATTRIBUTE)
+    setattr(RuleBasedStateMachine, _ATTRIBUTE, (version, blob))
+
+    def restore() -> None:
+        if before is None:
+            delattr(RuleBasedStateMachine, _ATTRIBUTE)
+        else:
+            setattr(RuleBasedStateMachine, _ATTRIBUTE, before)
+
+    item.config.add_cleanup(restore)

@@ -19,11 +19,13 @@ from harness.conformance.checks import (
     collector_id,
     failure_text,
     family_of,
+    family_parameter,
     load_expected_failures,
     not_run_reason,
     world_sizes_of,
 )
 from harness.conformance.coverage import coverage_of
+from harness.conformance.distinct import describe
 from harness.conformance.examples import item_parameters
 from harness.conformance.findings import Finding
 from harness.conformance.progress import Progress, terminal_writer
@@ -120,6 +122,7 @@ class ConformancePlugin:
             clauses = clauses_of(item)
             check = Check(check_id(item), item.nodeid, clauses, world_sizes_of(item))
             check.family = family_of(item, clauses)
+            check.family_parameter = family_parameter(item)
             check.params = item_parameters(item)
             junit.collected(item, check)
             self.checks[item.nodeid] = check
@@ -209,6 +212,9 @@ class ConformancePlugin:
         except BaseException as exc:
             if is_failure(exc) and check.id:
                 self._announce(self.triage.attribute(check, exc), item)
+                several = describe(exc, check.clauses)
+                if several is not None:
+                    check.distinct, check.distinct_notes = several.listing, several.notes
             raise
         finally:
             if inner is not None:

@@ -36,6 +36,7 @@ __all__ = [
     "Attribution",
     "attribute",
     "difference",
+    "distinct_failures",
     "headline",
     "is_failure",
     "late_attribution",
@@ -304,11 +305,18 @@ def attribute(exc: BaseException, own: Sequence[str] = ()) -> Attribution:
     check's ``own`` clauses (or names none), else the first: a check that found a violation
     of its own property fails on it, even if another example was blocked on the way.
     """
-    attributions = [_attribute_one(leaf) for leaf in _candidates(exc)]
-    for attribution in attributions:
-        if not attribution.clause or attribution.clause in own:
-            return attribution
-    return attributions[0]
+    return distinct_failures(exc, own)[0][1]
+
+
+def distinct_failures(
+    exc: BaseException, own: Sequence[str] = ()
+) -> list[tuple[BaseException, Attribution]]:
+    """Each failure a test's exception holds (one, or Hypothesis' several distinct failures)
+    with its attribution, the one :func:`attribute` picks first, the others in Hypothesis'
+    order."""
+    pairs = [(leaf, _attribute_one(leaf)) for leaf in _candidates(exc)]
+    first = next((i for i, (_, a) in enumerate(pairs) if not a.clause or a.clause in own), 0)
+    return [pairs[first], *pairs[:first], *pairs[first + 1 :]]
 
 
 def _attribute_one(exc: BaseException) -> Attribution:

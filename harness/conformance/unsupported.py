@@ -33,7 +33,7 @@ from harness.conformance.economy import (
     ShrinkPolicy,
 )
 from harness.conformance.signatures import is_failure
-from harness.contract import Unsupported, spec_field_names
+from harness.contract import Unsupported, short_value, spec_field_names
 from harness.hypothesis_compat import is_data_object, stop_test_type
 from harness.refusals import Refusal, skip_exception
 from harness.run.remembered import is_remembered
@@ -46,6 +46,7 @@ __all__ = [
     "is_call_refusal",
     "note_job_ran",
     "record_unsupported",
+    "refuses_its_family",
     "rejecting",
     "skip_exception",
     "skip_or_reject_unsupported",
@@ -130,13 +131,25 @@ def _refused(check: Check, exc: Unsupported) -> None:
     check.last_refusal = description
     check.record_unsupported(description)
     check.remembered_in_a_row = check.remembered_in_a_row + 1 if same else 1
-    limit = CALL_REFUSALS_IN_A_ROW if is_call_refusal(exc) else REMEMBERED_IN_A_ROW
+    alike = is_call_refusal(exc) or refuses_its_family(check, exc)
+    limit = CALL_REFUSALS_IN_A_ROW if alike else REMEMBERED_IN_A_ROW
     if check.remembered_in_a_row < limit:
         return
     if check.examples_ran == 0:
         raise skip_exception(check.unsupported_reason()) from None
-    if is_call_refusal(exc):
+    if alike:
         stop_after_this_example()  # what ran stands; more draws meet the same refusal
+
+
+def refuses_its_family(check: Check, exc: Unsupported) -> bool:
+    """Whether ``exc`` refuses the family the check is parametrized with (``family=fsdp``
+    in ``test_x[fsdp]``): every example of the check builds that family, so every one meets
+    it, whatever else it drew."""
+    return (
+        exc.option == "family"
+        and bool(check.family_parameter)
+        and short_value(exc.value) == check.family_parameter
+    )
 
 
 def is_call_refusal(exc: Unsupported) -> bool:

@@ -202,18 +202,39 @@ def strategy_frame(frames: list[traceback.FrameSummary]) -> str:
 
 
 _STACK_LINE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<name>\S+)', re.M)
-_C10D_FILE = os.path.join("distributed", "distributed_c10d.py")
+#: torch's files whose frames on a rank's stack mean it is in a collective: c10d's, and the
+#: functional collectives DTensor's redistribute uses (``all_gather_tensor``, ``wait_tensor``)
+_COLLECTIVE_FILES = (
+    "/distributed/distributed_c10d.py",
+    "/distributed/_functional_collectives.py",
+    "/distributed/_functional_collectives_impl.py",
+    "/distributed/tensor/_collective_utils.py",
+)
+
+
+#: frames of those files whose name says nothing of the collective (``AsyncCollectiveTensor``'s
+#: ``wait`` over the ``wait_tensor`` it calls)
+_NOT_OP_NAMES = frozenset({"wait"})
+
+
+def _in_collective_file(filename: str) -> bool:
+    return filename.replace(os.sep, "/").endswith(_COLLECTIVE_FILES)
 
 
 def waiting_collective(stacks: str) -> Collective | None:
-    """The c10d collective a rank's faulthandler dump shows it waiting in, with the
-    innermost strategy frame that called it; ``None`` when no thread is in one."""
+    """The collective a rank's faulthandler dump shows it waiting in (a c10d call, or a
+    functional collective such as DTensor's ``redistribute`` makes: the outermost such frame
+    that names an operation, e.g. ``all_gather_tensor`` over ``wait_tensor``, ``wait_tensor``
+    under ``AsyncCollectiveTensor.wait``), with the innermost
+    strategy frame that called it; ``None`` when no thread is in one."""
     for block in stacks.split("\n\n"):
         frames = [m.groupdict() for m in _STACK_LINE.finditer(block)]  # innermost first
-        ops = [f["name"] for f in frames if f["file"].endswith(_C10D_FILE)]
+        ops = [f["name"] for f in frames if _in_collective_file(f["file"])]
         if not ops:
             continue
+        public = [op for op in ops if not op.startswith("_") and op not in _NOT_OP_NAMES]
+        op = (public or ops)[-1]
         caller = next((f for f in frames if _is_strategy_code(f["file"])), None)
         where = f"{caller['file']}:{caller['line']} in {caller['name']}" if caller else ""
-        return Collective(ops[-1], frame=where)
+        return Collective(op, frame=where)
     return None

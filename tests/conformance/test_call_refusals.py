@@ -1,8 +1,12 @@
 """A method that refuses an argument of its call (``load_checkpoint(strict=False)``) refuses
 every example of the check alike: the check stops after a few such refusals in a row, not
-after the twenty a configuration refusal gets."""
+after the twenty a configuration refusal gets. So does a refusal of the family the check is
+parametrized with."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -10,6 +14,9 @@ from harness.conformance import unsupported
 from harness.conformance.checks import Check
 from harness.conformance.economy import CALL_REFUSALS_IN_A_ROW, REMEMBERED_IN_A_ROW
 from harness.contract import Unsupported
+
+if TYPE_CHECKING:
+    from tests.conformance.conftest import Run
 
 
 def _check() -> Check:
@@ -50,3 +57,46 @@ def test_after_examples_ran_a_call_refusal_ends_the_search_not_the_check(
     call = Unsupported("non-strict loads are not implemented", "strict", False)
     assert _refusals(check, call, CALL_REFUSALS_IN_A_ROW) == CALL_REFUSALS_IN_A_ROW + 1
     assert ended == [True]
+
+
+def test_a_refusal_of_the_checks_family_parameter_ends_it_after_a_few() -> None:
+    check = _check()
+    check.family_parameter = "model_parallel"  # test_x[model_parallel]: every example builds it
+    family = Unsupported("no tensor parallelism", "family", "model_parallel")
+    assert unsupported.refuses_its_family(check, family)
+    assert _refusals(check, family, 50) == CALL_REFUSALS_IN_A_ROW
+    other = _check()
+    other.family_parameter = "fsdp"  # another family's refusal: examples may still draw others
+    assert not unsupported.refuses_its_family(other, family)
+    assert _refusals(other, family, 50) == REMEMBERED_IN_A_ROW
+
+
+FAMILY_SUITE = """
+import pytest
+from hypothesis import given, strategies as st
+from harness.contract import Unsupported
+
+CALLS = []
+
+@pytest.mark.clause("CKPT-RT-1")
+@pytest.mark.parametrize("family", ["fsdp", "model_parallel"])
+@given(st.integers())
+def test_refused(family, x):
+    CALLS.append(family)
+    with open(f"calls-{family}.txt", "a") as out:
+        out.write("x")
+    raise Unsupported("not implemented yet", "family", family)
+"""
+
+
+def test_a_parametrized_family_refused_is_unsupported_after_a_few_examples(
+    run_suite: Callable[..., Run],
+) -> None:
+    run = run_suite(FAMILY_SUITE)
+    assert run.ret == 0, run.text[-2000:]
+    for family in ("fsdp", "model_parallel"):
+        check = run.check(f"test_fake.test_refused[{family}]")
+        assert check["outcome"] == "unsupported"
+        assert check["unsupported"] == [f"unsupported: family={family} (not implemented yet)"]
+        calls = (run.report_dir.parent / f"calls-{family}.txt").read_text()
+        assert len(calls) == CALL_REFUSALS_IN_A_ROW

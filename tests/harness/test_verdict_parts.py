@@ -185,3 +185,51 @@ def test_warnings_that_differ_in_words_stay_apart() -> None:
     assert shape("parameter 'a' is deprecated") == shape("parameter 'bc' is deprecated")
     assert shape("old API") != shape("new API")
     assert shape("size 3 of x.y") == shape("size 12 of a.b.c")
+
+
+def test_waiting_collective_reads_a_dtensor_redistribute() -> None:
+    # a rank blocked in DTensor's redistribute: a functional collective waiting in
+    # wait_tensor, no c10d frame on the stack
+    distributed = os.path.join(os.path.dirname(torch.__file__), "distributed")
+    funcol = os.path.join(distributed, "_functional_collectives.py")
+    redistribute = os.path.join(distributed, "tensor", "_redistribute.py")
+    stacks = (
+        "Thread 0x2 (most recent call first):\n"
+        '  File "/usr/lib/python3.11/threading.py", line 320 in wait\n'
+        "\n"
+        "Current thread 0x1 (most recent call first):\n"
+        f'  File "{funcol}", line 144 in wait_tensor\n'
+        f'  File "{funcol}", line 205 in _maybe_wrap_tensor\n'
+        f'  File "{funcol}", line 331 in all_gather_tensor\n'
+        f'  File "{redistribute}", line 220 in redistribute_local_tensor\n'
+        '  File "/home/me/strategy.py", line 88 in gather_full\n'
+    )
+    found = waiting_collective(stacks)
+    assert found is not None
+    assert found.op == "all_gather_tensor"
+    assert found.frame == "/home/me/strategy.py:88 in gather_full"
+    utils = os.path.join(distributed, "tensor", "_collective_utils.py")
+    scatter = f'  File "{utils}", line 150 in mesh_scatter\n  File "/home/me/s.py", line 3 in put\n'
+    found = waiting_collective(scatter)
+    assert found is not None and found.op == "mesh_scatter"
+    # what a rank blocked in DTensor.full_tensor() dumped (gloo, torch 2.13): the gather
+    # waits in AsyncCollectiveTensor.wait -> wait_tensor, under torch's op machinery
+    api = os.path.join(distributed, "tensor", "_api.py")
+    ops = os.path.join(os.path.dirname(torch.__file__), "_ops.py")
+    full_tensor = (
+        "Thread 0x00007f5be1693b80 (most recent call first):\n"
+        f'  File "{ops}", line 882 in redispatch\n'
+        f'  File "{funcol}", line 142 in wait_tensor\n'
+        f'  File "{funcol}", line 1122 in wait\n'
+        f'  File "{redistribute}", line 1766 in redistribute_local_tensor\n'
+        f'  File "{api}", line 774 in full_tensor\n'
+        '  File "/home/me/strategy.py", line 14 in gather_model\n'
+    )
+    found = waiting_collective(full_tensor)
+    assert found is not None and found.op == "wait_tensor"
+    assert found.frame == "/home/me/strategy.py:14 in gather_model"
+    # DTensor's own frames alone (no collective file) are no collective
+    assert (
+        waiting_collective(f'  File "{redistribute}", line 220 in redistribute_local_tensor\n')
+        is None
+    )

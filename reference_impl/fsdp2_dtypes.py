@@ -9,9 +9,9 @@ dtype and are assigned to the float32 sharded parameters without the cast back, 
 raises ("attempting to assign a gradient with dtype ... BFloat16 ...") or, with low-dtype
 sharded parameters, reduces silently in the wrong dtype (pytorch#186998: torch 2.11.0 and
 2.13.0 have it; 2.14.1 resolves such a unit from its floating parameters, so there this is a
-no-op; the private names used here exist in all three). Before each backward the reference resolves the dtypes of such units again
-from their parameters that train now (PREC-2, CONTRACT.md); a unit resolved already is left
-as it is.
+no-op; the private names used here exist in all three). Before each backward the reference
+resolves the dtypes of such units again from their parameters that train now (PREC-2,
+CONTRACT.md); a unit resolved already is left as it is.
 """
 
 from __future__ import annotations

@@ -175,11 +175,11 @@ def argument_cover(
     split = min(2, max(worlds))
     per_family = []
     for family in scope.get("family", ("fsdp", "model_parallel", "fsdp2")):
-        bases = value_cover(
-            worlds,
-            clause,
-            lambda s, f=family: keep(s) and s.family == f and s.shard_factor >= split,
-        )
+
+        def splits(s: Scenario, family: str = family) -> bool:
+            return keep(s) and s.family == family and s.shard_factor >= split
+
+        bases = value_cover(worlds, clause, splits)
         if bases:
             per_family.append(sorted(bases, key=relative_cost))
     return tuple(

@@ -15,6 +15,7 @@ from suites.lib.controller.clause_covers import (
     other_family_plan,
     reshard_plan,
     value_cover,
+    widest_row,
 )
 from suites.lib.controller.covering import (
     COVER_MODELS,
@@ -195,6 +196,37 @@ def test_covering_examples_split_one_cover_between_checks_by_part() -> None:
     assert all(s.family == f for f, runs in seen.items() for s in runs)  # type: ignore[attr-defined]
     together = sorted(map(repr, [s for runs in seen.values() for s in runs]))
     assert together == sorted(map(repr, value_cover(WORLDS, "SHARD-1")))
+
+
+def test_widest_adds_the_largest_world_to_a_part_that_lacks_it_and_nothing_else() -> None:
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    seen: dict[str, list[object]] = {"fsdp": [], "fsdp2": []}
+
+    def check_of(family: str) -> Callable[[], None]:
+        @covering_examples("SHARD-1", part=lambda s: s.family == family, widest=True)
+        @given(st.none())
+        def check(scenario: object) -> None:
+            if scenario is not None:
+                seen[family].append(scenario)
+
+        return check
+
+    cover = value_cover(WORLDS, "SHARD-1")
+    for family in seen:
+        check_of(family)()
+        rows = [s for s in cover if s.family == family]
+        assert seen[family][: len(rows)] == rows, family  # the part's rows first, as without
+    # the fsdp rows of the shared cover stop below 4 ranks (a model_parallel row takes 4):
+    # one fsdp row more, at 4, sharding FULL_SHARD or SHARD_GRAD_OP four ways
+    assert max(s.world_size for s in cover if s.family == "fsdp") < max(WORLDS)
+    extra = widest_row(WORLDS, "SHARD-1", lambda s: s.family == "fsdp")
+    assert extra is not None and extra.world_size == max(WORLDS) and extra.shard_factor == 4
+    assert seen["fsdp"][-1] == extra
+    assert len(seen["fsdp"]) == len([s for s in cover if s.family == "fsdp"]) + 1
+    # fsdp2's rows already take 4 ranks: nothing more
+    assert len(seen["fsdp2"]) == len([s for s in cover if s.family == "fsdp2"])
 
 
 def test_reshard_and_other_family_plans_fit_the_options_to_the_load_side() -> None:

@@ -52,6 +52,7 @@ __all__ = [
     "reshard_plan",
     "round_trip_plan",
     "value_cover",
+    "widest_row",
 ]
 
 T = TypeVar("T", bound=Callable[..., Any])
@@ -103,6 +104,33 @@ def value_cover(
     return tuple(_plain(pool[i]) for i in chosen)
 
 
+def widest_row(
+    worlds: Sequence[int],
+    clause: str,
+    keep: Callable[[Scenario], bool] = lambda scenario: True,
+) -> Scenario | None:
+    """The cheapest candidate (:func:`~suites.lib.controller.covering.relative_cost`) at the
+    largest of ``worlds`` that ``keep`` accepts, inside ``clause``'s scope, with a plain plan
+    as :func:`value_cover` gives them; None when there is none.
+
+    Raises:
+        KeyError: ``clause`` is not one of the contract's clauses.
+    """
+    scope = {axis: tuple(allowed) for axis, allowed in CLAUSES[clause].scope}
+    top = max(worlds)
+    pool = [
+        row.scenario
+        for row in candidates(worlds)
+        if row.fmt == FORMATS[0]
+        and row.scenario.world_size == top
+        and _in_scope(row.scenario, scope)
+        and keep(row.scenario)
+    ]
+    if not pool:
+        return None
+    return _plain(min(pool, key=relative_cost))  # min keeps the first of equal costs
+
+
 def _plain(scenario: Scenario) -> Scenario:
     plan = dataclasses.replace(scenario.plan, micro_batches=1, clip=None)
     return dataclasses.replace(scenario, plan=plan)
@@ -147,11 +175,11 @@ def argument_cover(
     split = min(2, max(worlds))
     per_family = []
     for family in scope.get("family", ("fsdp", "model_parallel", "fsdp2")):
-        bases = value_cover(
-            worlds,
-            clause,
-            lambda s, f=family: keep(s) and s.family == f and s.shard_factor >= split,
-        )
+
+        def splits(s: Scenario, family: str = family) -> bool:
+            return keep(s) and s.family == family and s.shard_factor >= split
+
+        bases = value_cover(worlds, clause, splits)
         if bases:
             per_family.append(sorted(bases, key=relative_cost))
     return tuple(
@@ -180,6 +208,7 @@ def covering_examples(
     share: int = 10,
     configurations: bool = True,
     part: Callable[[Scenario], bool] = lambda scenario: True,
+    widest: bool = False,
 ) -> Callable[[T], T]:
     """Decorate a Hypothesis check of ``clause``: it also runs :func:`value_cover`'s
     scenarios, carrying in turn the argument values of :func:`argument_rows`, as explicit
@@ -201,6 +230,9 @@ def covering_examples(
         part: the scenarios of the cover this check runs, where several checks share the
             clause's one cover (one check a family: each runs its family's rows, and
             together they take every value, in fewer rows than a cover of each family).
+        widest: the check also runs at the session's largest world size: where none of its
+            rows is there (the cover took that size from another family's row), the
+            cheapest candidate of its part there (:func:`widest_row`) is one more example.
 
     Raises:
         ValueError: ``adapt`` changed a scenario's axis values or the argument values it
@@ -217,8 +249,13 @@ def covering_examples(
     def passes(scenario: Scenario) -> dict[str, str]:
         return {k: v for k, v in carried_arguments(scenario).items() if k in drawn}
 
+    mine = [s for s in covering if part(s)]
+    if widest and all(s.world_size < max(worlds) for s in mine):
+        extra = widest_row(worlds, clause, lambda s: keep(s) and part(s))
+        if extra is not None:
+            mine.append(with_arguments(extra, rows[0]) if rows else extra)
     values = []
-    for s in filter(part, covering):
+    for s in mine:
         fitted = adapt(s)
         if isinstance(fitted, Scenario) and scenario_axes(fitted) != scenario_axes(s):
             raise ValueError(

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from harness import RankContext, Strategy, Unsupported
+from harness.verdicts.attribution import clause
 from suites.lib.ranks.readers import gathered_optim_state, gathered_state
 from suites.lib.ranks.training import (
     RankResult,
@@ -57,6 +58,7 @@ __all__ = [
     "attempt",
     "build",
     "build_with_two_optimizers",
+    "check_no_saved_nonpersistent",
     "copy_buffers",
     "error_scenario",
     "format_options",
@@ -68,6 +70,7 @@ __all__ = [
     "read_unstepped",
     "round_trip_rank",
     "save_rank",
+    "saved_nonpersistent",
     "train_plan",
 ]
 
@@ -132,6 +135,53 @@ def nonpersistent_buffers(model: torch.nn.Module, names: set[str]) -> dict[str, 
         for n, b in model.named_buffers()
         if clean_name(n) in names
     }
+
+
+def saved_nonpersistent(path: str, fmt: str, names: set[str]) -> list[str]:
+    """Which of the non-persistent buffers ``names`` the checkpoint at ``path`` holds under
+    its ``"model"`` entry: the full file's model state dict (read with ``weights_only``), or
+    the ``model.<name>`` keys of a sharded directory's DCP metadata. A checkpoint that cannot
+    be read so is left to the load (and its own clause): ``[]``."""
+    try:
+        if fmt == "full":
+            content = torch.load(path, map_location="cpu", weights_only=True)
+            model = content.get("model") if isinstance(content, dict) else None
+            keys = set(model) if isinstance(model, dict) else set()
+        else:
+            from torch.distributed.checkpoint import FileSystemReader
+
+            metadata = FileSystemReader(path).read_metadata().state_dict_metadata
+            keys = {k.removeprefix("model.") for k in metadata if k.startswith("model.")}
+    except Exception:  # unreadable here: the load reports what is wrong with it
+        return []
+    return sorted(keys & names)
+
+
+def check_no_saved_nonpersistent(ctx: RankContext, plan: CkptPlan, path: str) -> None:
+    """CKPT-BUF-1 on the checkpoint just saved: rank 0 reads which non-persistent buffers of
+    the plain model it holds (:func:`saved_nonpersistent`) and tells every rank, so that all
+    raise together, before any of them starts a load.
+
+    Raises:
+        AssertionError: the checkpoint holds a non-persistent buffer.
+    """
+    import torch.distributed as dist
+
+    plain = build_model(plan.save.model, "meta")
+    volatile = set(dict(plain.named_buffers())) - set(plain.state_dict())
+    if not volatile:
+        return
+    found = [saved_nonpersistent(path, plan.fmt, volatile) if ctx.rank == 0 else []]
+    if ctx.world_size > 1:
+        dist.broadcast_object_list(found, src=0, device=ctx.device)
+    if found[0]:
+        where = "model state dict" if plan.fmt == "full" else "DCP metadata, under 'model.'"
+        raise AssertionError(
+            f"CKPT-BUF-1: the {plan.fmt} checkpoint saved at {path} holds the non-persistent "
+            f"buffers {found[0]} (its {where}); a checkpoint holds the model's state_dict(), "
+            "persistent buffers only, so a strict load into a fresh model meets these as "
+            "unexpected keys. Leave buffers registered with persistent=False out of the save."
+        )
 
 
 def copy_buffers(target: torch.nn.Module, source: torch.nn.Module, names: set[str]) -> None:
@@ -306,6 +356,8 @@ def round_trip_rank(
     )
     read = read_unstepped if plan.save.plan.steps == 0 else read_state
     saved = read(t)  # after the save (which must not have stepped an optimizer without state)
+    with clause("CKPT-BUF-1"):  # before the load, whose strict key check would meet them first
+        check_no_saved_nonpersistent(ctx, plan, path)
 
     f = build(ctx, plan.load, plan.fmt)
     fresh_scheduler = make_scheduler(f.optimizer)  # built before the load, as a trainer does

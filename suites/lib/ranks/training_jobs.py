@@ -144,10 +144,12 @@ def nonfinite_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
     norm_type = scenario.plan.norm_type
     t = setup(ctx, scenario)
     dp_rank = t.strategy.distributed_sampler_kwargs["rank"]
-    # replicated gradients (NO_SHARD, the replicas of HYBRID) are poisoned on every rank, as
-    # real replicas would be; sharded ones only on one rank that holds any gradient, so that
-    # the other ranks must learn of it from the collective norm: inf on the first such rank,
-    # nan on the last (a MAX reduction of gloo drops a nan that is not rank 0's)
+    # replicated gradients are poisoned on every rank that holds a copy, as real replicas would
+    # be: NO_SHARD and the replicas of HYBRID (every rank's first gradient) and, under
+    # model_parallel, a gradient the tensor-parallel plan leaves replicated on each tp rank
+    # of the chosen rank's column (see _copy). Sharded ones only on one rank that holds any
+    # gradient, so that the other ranks must learn of it from the collective norm: inf on the
+    # first such rank, nan on the last (a MAX reduction of gloo drops a nan that is not rank 0's)
     replicated = (
         isinstance(scenario.strategy, FSDPConfig)
         and (
@@ -155,6 +157,7 @@ def nonfinite_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
             or "HYBRID" in scenario.strategy.sharding_strategy
         )
     ) or (isinstance(scenario.strategy, FSDP2Config) and scenario.strategy.device_mesh is not None)
+    copies = scenario.family == "model_parallel"
     out: dict[str, Any] = {}
     # the ordinary case first: a clip that scales finite gradients wrongly is that finding,
     # not the non-finite cases' different gradients after it
@@ -178,14 +181,8 @@ def nonfinite_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
             except ValueError as exc:
                 out["zero"] = f"ValueError: {exc}"
             out["zero_unchanged"] = _same(before, local)
-        poisoned = next((g for g in local if g.numel() > 0), None)
-        holders = [
-            torch.zeros(1, dtype=torch.long, device=ctx.device) for _ in range(ctx.world_size)
-        ]
-        dist.all_gather(holders, torch.tensor([int(poisoned is not None)], device=ctx.device))
-        holding = [i for i, h in enumerate(holders) if int(h)]
-        chosen = holding[0] if poison == "inf" else holding[-1]
-        if poisoned is not None and (replicated or ctx.rank == chosen):
+        poisoned = _poisoned(ctx, grads, local, poison, replicated, copies)
+        if poisoned is not None:
             poisoned.view(-1)[0] = float(poison)
         seen: dict[str, Any] = {}
         before = [g.clone() for g in local]
@@ -207,6 +204,72 @@ def nonfinite_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
         out[poison] = seen
     end(t.strategy)
     return out
+
+
+def _poisoned(
+    ctx: Any,
+    grads: list[torch.Tensor],
+    local: list[torch.Tensor],
+    poison: str,
+    replicated: bool,
+    copies: bool,
+) -> torch.Tensor | None:
+    """The local gradient this rank sets one element of to ``poison``, or None.
+
+    One rank is chosen among those that hold any gradient elements: the first for ``inf``, the
+    last for ``nan``. With ``copies`` (model_parallel) it poisons its first non-empty gradient
+    held by fewer than every rank (a sharded one, so that a strategy deciding from its own
+    shards is caught), else its first, and so does every rank that holds a copy of that same
+    gradient (:func:`_copy`). Otherwise, the chosen rank alone poisons its first non-empty
+    gradient, or every rank its own where the family replicates them (``replicated``)."""
+    held = [
+        (index, _copy(grad, ctx.rank) if copies else ("rank", ctx.rank))
+        for index, (grad, part) in enumerate(zip(grads, local, strict=True))
+        if part.numel() > 0
+    ]
+    everyone: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(everyone, held)
+    holding = [rank for rank, theirs in enumerate(everyone) if theirs]
+    chosen = holding[0] if poison == "inf" else holding[-1]
+    if not held:
+        return None
+    if replicated and not copies:
+        return local[held[0][0]]
+    if not copies:
+        return local[held[0][0]] if ctx.rank == chosen else None
+    theirs = everyone[chosen]
+    counts = [sum(entry in ranks for ranks in everyone) for entry in theirs]
+    target = next(
+        (entry for entry, n in zip(theirs, counts, strict=True) if n < ctx.world_size), theirs[0]
+    )
+    return local[target[0]] if target in held else None
+
+
+def _copy(grad: torch.Tensor, rank: int) -> tuple[Any, ...]:
+    """Which copy of ``grad`` this rank holds, under model_parallel: ranks with equal values
+    hold identical copies of the same gradient (real training keeps them equal).
+
+    A plain tensor (no DTensor: replicated on every rank) is ``()``. A DTensor's copy is named
+    by this rank's coordinates on the mesh dims it is sharded over, the tensor-parallel dim
+    being left out where it is ``Replicate()`` there; a DTensor on the data-parallel submesh
+    alone (a parameter the tensor-parallel plan leaves out) is thereby the same copy on each
+    tp rank of a column. A DTensor on an unnamed mesh is this rank's alone."""
+    from torch.distributed.tensor import DTensor
+
+    from suites.lib.shared.parallelize import TP_DIM
+
+    if not isinstance(grad, DTensor):
+        return ()
+    mesh = grad.device_mesh
+    names = mesh.mesh_dim_names
+    coordinate = mesh.get_coordinate()
+    if names is None or coordinate is None:
+        return ("rank", rank)
+    return tuple(
+        (name, at)
+        for name, at, placement in zip(names, coordinate, grad.placements, strict=True)
+        if not (name == TP_DIM and placement.is_replicate())
+    )
 
 
 def _same(before: list[torch.Tensor], after: list[torch.Tensor]) -> bool:

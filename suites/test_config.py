@@ -20,10 +20,11 @@ from hypothesis import strategies as st
 
 from harness import run_on_ranks
 from suites.lib.controller.cuda_env import has_accelerator
-from suites.lib.controller.dispatch import report
+from suites.lib.controller.dispatch import report, run
 from suites.lib.controller.oracles import assert_parity
 from suites.lib.controller.scenarios import SHARDING_STRATEGIES, job_world, world_sizes
 from suites.lib.ranks.config_jobs import (
+    SELF_SHARDING,
     device_mesh_rank,
     hybrid_rank,
     offload_rank,
@@ -64,9 +65,8 @@ BAD_SHARDING = st.one_of(
 @given(names=st.lists(any_case(), min_size=1, max_size=4), bad=st.lists(BAD_SHARDING, max_size=4))
 @example(names=list(SHARDING_STRATEGIES), bad=list(NEAR_MISS_SHARDING))
 def test_sharding_strategy_names_in_any_case(names: list[str], bad: list[Any]) -> None:
-    for rank, seen in enumerate(
-        run_on_ranks(sharding_rank, names, bad, world_size=job_world(minimum=2))
-    ):
+    sharding = run(sharding_rank, names, bad, world_size=job_world(minimum=2), families=("fsdp",))
+    for rank, seen in enumerate(sharding):
         for name, wanted, units in seen:
             assert units == [wanted], f"rank {rank}: sharding_strategy={name} built units {units}"
 
@@ -100,7 +100,7 @@ def test_device_mesh_tuple_or_mesh(
     world: int, name: str, shapes: list[tuple[int, int]], as_object: bool
 ) -> None:
     results = _families_reached(
-        run_on_ranks(device_mesh_rank, name, shapes, as_object, world_size=world)
+        run(device_mesh_rank, name, shapes, as_object, world_size=world, families=SELF_SHARDING)
     )
     for rank, by_family in enumerate(results):
         for family, seen in by_family.items():

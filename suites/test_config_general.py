@@ -16,6 +16,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from harness import run_on_ranks
+from suites.lib.controller.dispatch import run
 from suites.lib.controller.scenarios import job_world, world_sizes
 from suites.lib.ranks.config_jobs import (
     PRECISIONS,
@@ -24,6 +25,7 @@ from suites.lib.ranks.config_jobs import (
     parallelize_fn_rank,
     precision_rank,
 )
+from suites.lib.ranks.construction import FAMILIES
 
 NEAR_MISS_PRECISION = ("32", "16", "bf16", "fp16-mixed", "64-true", "16-mixed ", "mixed", "")
 
@@ -50,7 +52,8 @@ BAD_PRECISION = st.one_of(
 @given(bad=st.lists(BAD_PRECISION, min_size=1, max_size=6))
 @example(bad=[*NEAR_MISS_PRECISION, 16, torch.float16, NotAPrecision()])
 def test_precision_is_one_of_five(bad: list[Any]) -> None:
-    for rank, seen in enumerate(run_on_ranks(precision_rank, bad, world_size=job_world())):
+    jobs = run(precision_rank, bad, world_size=job_world(), families=FAMILIES)
+    for rank, seen in enumerate(jobs):
         for key, plugin_methods in seen.items():
             assert plugin_methods == [True, True], (
                 f"rank {rank}: {key}: the precision plugin lacks forward_context/convert_input"
@@ -68,7 +71,8 @@ def test_precision_is_one_of_five(bad: list[Any]) -> None:
 @example(world=2, sizes=[(2, 1), (1, 2), (2, 2), (1, 1)])
 def test_model_parallel_sizes(world: int, sizes: list[tuple[int, int]]) -> None:
     names = ("data_parallel", "tensor_parallel")
-    for rank, seen in enumerate(run_on_ranks(mp_sizes_rank, sizes, world_size=world)):
+    jobs = run(mp_sizes_rank, sizes, world_size=world, families=("model_parallel",))
+    for rank, seen in enumerate(jobs):
         auto, rest = seen[0], seen[1:]
         assert auto[:2] == ((1, world), names), (
             f"rank {rank}: data_parallel_size/tensor_parallel_size 'auto' on one node built a "

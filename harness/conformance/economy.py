@@ -16,9 +16,11 @@
   option is no ``StrategySpec`` field: ``load_checkpoint(..., strict=False)``) refuses every
   example of the check alike: :data:`CALL_REFUSALS_IN_A_ROW` such refusals in a row end the
   check, ``unsupported`` when nothing ran, else with what ran. So does a refusal of the
-  family a check is parametrized with (``family=fsdp`` in ``test_x[fsdp]``): every example
-  of that check builds the family. The check that first meets a refusal does not use the
-  memory it taught (its replays must behave alike), so this limit is what ends it early.
+  family a check is parametrized with (``family=fsdp`` in ``test_x[fsdp]``), or of one its
+  job declares it builds in every example (a job that draws no configuration, only values
+  of options: ``test_config``'s): every example of that check builds the family. The check
+  that first meets a refusal does not use the memory it taught (its replays must behave
+  alike), so this limit is what ends it early.
 
 Hypothesis has no setting for a per-failure shrink budget (only ``phases``, and its internal
 five-minute limit), so once the budget is spent the search is ended after the running example

@@ -36,7 +36,7 @@ from harness.conformance.signatures import is_failure
 from harness.contract import Unsupported, short_value, spec_field_names
 from harness.hypothesis_compat import is_data_object, stop_test_type
 from harness.refusals import Refusal, skip_exception
-from harness.run.remembered import is_remembered
+from harness.run.remembered import built_families, is_remembered
 from harness.run.session import current
 from harness.run.shrinking import stop_after_this_example
 from harness.verdicts.attribution import last_looked_failure
@@ -142,13 +142,16 @@ def _refused(check: Check, exc: Unsupported) -> None:
 
 
 def refuses_its_family(check: Check, exc: Unsupported) -> bool:
-    """Whether ``exc`` refuses the family the check is parametrized with (``family=fsdp``
-    in ``test_x[fsdp]``): every example of the check builds that family, so every one meets
-    it, whatever else it drew."""
-    return (
-        exc.option == "family"
-        and bool(check.family_parameter)
-        and short_value(exc.value) == check.family_parameter
+    """Whether ``exc`` refuses a family every example of the check builds, so that every
+    one meets it, whatever else it drew: the family the check is parametrized with
+    (``family=fsdp`` in ``test_x[fsdp]``), or one of those its job declares it builds in
+    every example (:func:`harness.run.remembered.built_families`: a job that draws no
+    configuration, such as ``test_config``'s)."""
+    if exc.option != "family":
+        return False
+    family = short_value(exc.value)
+    return (bool(check.family_parameter) and family == check.family_parameter) or (
+        family in built_families(exc)
     )
 
 

@@ -5,6 +5,11 @@ remembered per family; the examples of later checks with that value are refused 
 without dispatching a job (not those of the check that learned it: Hypothesis replays
 examples and needs each to behave the same every time). The session keeps one
 (:attr:`harness.run.session.HarnessSession.remembered`); the suites' dispatch consults it.
+
+A job that builds no drawn configuration but a fixed set of families (each it can: it is
+refused only when the strategy offers none of them) declares them; its refusal of one of
+them is marked with :func:`mark_built_families`, so that the refusal economy knows every
+example of the check meets it alike (:func:`built_families`).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import Any
 
 from harness.contract import Unsupported, short_value
 
-__all__ = ["RememberedRefusals", "is_remembered"]
+__all__ = ["RememberedRefusals", "built_families", "is_remembered", "mark_built_families"]
 
 
 def _flat_options(family: str, options: Mapping[str, Any]) -> dict[str, str]:
@@ -68,7 +73,30 @@ class RememberedRefusals:
                 return again
         return None
 
+    def refused_every(self, families: tuple[str, ...]) -> Unsupported | None:
+        """The remembered refusal of the last of ``families`` when each is remembered refused
+        (a job that builds each family the strategy offers is refused only then), else None."""
+        if not families or any(self._family_refusal(f) is None for f in families):
+            return None
+        return self.refused(families[-1], {})
+
+    def _family_refusal(self, family: str) -> Unsupported | None:
+        return self.frozen.get((family, "family", family))
+
 
 def is_remembered(exc: Unsupported) -> bool:
     """Whether ``exc`` is a remembered refusal (no rank job was dispatched for it)."""
     return bool(getattr(exc, "remembered", False))
+
+
+def mark_built_families(exc: Unsupported, families: tuple[str, ...]) -> Unsupported:
+    """Mark ``exc`` as met by a job that builds ``families`` whatever its example drew
+    (returns ``exc``)."""
+    exc.built_families = tuple(families)  # type: ignore[attr-defined]
+    return exc
+
+
+def built_families(exc: Unsupported) -> tuple[str, ...]:
+    """The families the job that met ``exc`` builds in every example (see
+    :func:`mark_built_families`); ``()`` when it declared none."""
+    return tuple(getattr(exc, "built_families", ()))

@@ -25,15 +25,29 @@ from suites.lib.shared.specs import Scenario
 __all__ = ["exercised", "report", "run"]
 
 
-def run(fn: Callable[..., Any], *args: Any, world_size: int) -> list[Any]:
+def run(
+    fn: Callable[..., Any], *args: Any, world_size: int, families: tuple[str, ...] = ()
+) -> list[Any]:
     """``harness.run_on_ranks``, with ``Unsupported`` taking the session's refusal path
     inside a Hypothesis test (recorded and rejected; re-raised outside one, for the plugin to
     report).
 
     A scenario among ``args`` whose option value the strategy already refused in this session
     is refused again without a rank job (see :mod:`harness.run.remembered`).
+
+    Args:
+        fn: the rank job.
+        args: its arguments after the rank context.
+        world_size: the ranks to run it on.
+        families: for a job that builds no scenario but each of these families the strategy
+            offers (:func:`suites.lib.ranks.construction.supported_families`, refused only
+            when it offers none): a refusal of one of them is remembered, and the job is
+            refused without a rank job once every one is; the refusal is marked as one that
+            every example of the check meets (:func:`harness.run.remembered.built_families`),
+            so the check gives up after a few.
     """
     from harness import RankFailure, Unsupported, run_on_ranks
+    from harness.run.remembered import mark_built_families
     from harness.run.session import current
 
     session = current()
@@ -43,11 +57,18 @@ def run(fn: Callable[..., Any], *args: Any, world_size: int) -> list[Any]:
             known = session.remembered.refused(scenario.family, scenario.options())
             if known is not None:
                 raise known  # a remembered refusal: no rank job
+        known = session.remembered.refused_every(families)
+        if known is not None:
+            raise mark_built_families(known, families)  # no rank job either
         try:
             values = run_on_ranks(fn, *args, world_size=world_size)
         except Unsupported as exc:
             for scenario in scenarios:
                 session.remembered.remember(scenario.family, scenario.options(), exc)
+            for family in families:
+                session.remembered.remember(family, {}, exc)
+            if families:
+                mark_built_families(exc, families)
             raise
         except RankFailure:  # the job ran and failed: its configuration reached the ranks
             for axes in exercised(fn, args):

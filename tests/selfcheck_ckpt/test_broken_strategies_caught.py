@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from selfcheck_ckpt.run_suites import run_suites
+from selfcheck_ckpt.run_suites import assert_clause_fails, run_suites
 
 #: factory in selfcheck_ckpt.broken -> the clause it breaks
 BROKEN = {
@@ -28,27 +28,7 @@ BROKEN = {
 
 @pytest.mark.parametrize("factory", sorted(BROKEN))
 def test_broken_strategy_is_caught_on_its_clause(factory: str) -> None:
-    clause = BROKEN[factory]
-    args = [
-        "--strategy",
-        f"selfcheck_ckpt.broken:{factory}",
-        "--clauses",
-        clause,
-        "-x",
-        "--nproc",
-        "4",
-        "--hypothesis-profile=selfcheck",
-        "-q",
-    ]
-    result = run_suites(args, timeout=170)
-    output = result.stdout + result.stderr
-    tail = output[-4000:]
-    assert result.returncode == 1, (
-        f"{factory}: the suites did not fail (rc={result.returncode})\n{tail}"
-    )
-    line = re.search(rf"^\s+{re.escape(clause)}\s+(\S+)\s+(\S+): (.*)$", output, re.MULTILINE)
-    assert line is not None, f"{factory}: no summary line for {clause}\n{tail}"
-    assert line.group(1) == "failed", f"{factory}: {clause} is {line.group(1)}, not failed\n{tail}"
+    assert_clause_fails(f"selfcheck_ckpt.broken:{factory}", BROKEN[factory])
 
 
 #: the checks that carry a learning-rate scheduler in their metadata (CKPT-SAVE-4), each

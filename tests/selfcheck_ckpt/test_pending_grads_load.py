@@ -4,11 +4,9 @@ the moments' check on its clause, with a message saying what the load got wrong.
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
-from selfcheck_ckpt.run_suites import run_suites
+from selfcheck_ckpt.run_suites import assert_clause_fails
 
 #: factory -> (clause, case of the moments' check, words the failure must say)
 PLANTED = {
@@ -29,29 +27,5 @@ PLANTED = {
 def test_pending_grads_load_bug_is_caught(factory: str) -> None:
     clause, case, words = PLANTED[factory]
     test = f"suites/test_checkpoint_roundtrip.py::test_round_trip_at_every_moment[{case}]"
-    args = [
-        "--strategy",
-        f"selfcheck_ckpt.pending_grads:{factory}",
-        "--clauses",
-        clause,
-        "-x",
-        "--nproc",
-        "4",
-        "--hypothesis-profile=selfcheck",
-        "-q",
-    ]
-    result = run_suites(args, timeout=170, suites=[test])
-    output = result.stdout + result.stderr
-    tail = output[-4000:]
-    assert result.returncode == 1, (
-        f"{factory}: the check did not fail (rc={result.returncode})\n{tail}"
-    )
-    line = re.search(rf"^\s+{re.escape(clause)}\s+(\S+)\s+(\S+): (.*)$", output, re.MULTILINE)
-    assert line is not None, f"{factory}: no summary line for {clause}\n{tail}"
-    assert line.group(1) == "failed", f"{factory}: {clause} is {line.group(1)}, not failed\n{tail}"
-    failure = re.search(rf"AssertionError: {re.escape(clause)}: .*", output)
-    assert failure is not None, f"{factory}: no assertion naming {clause}\n{tail}"
-    first = re.search(r"first failure after [^)]*", output)
-    print(f"{factory}: {clause} failed ({first.group(0) if first else 'no timing'})")
-    for word in words:
-        assert word in failure.group(0), f"{factory}: the failure does not say {word!r}\n{tail}"
+    strategy = f"selfcheck_ckpt.pending_grads:{factory}"
+    assert_clause_fails(strategy, clause, suites=[test], words=words)

@@ -7,10 +7,8 @@ the conformance summary must list the clause as ``failed``.
 
 from __future__ import annotations
 
-import re
-
 import pytest
-from selfcheck_ckpt.run_suites import run_suites
+from selfcheck_ckpt.run_suites import assert_clause_fails
 
 #: factory in selfcheck_fsdp2.broken -> the clause it breaks
 PLANTED = {
@@ -31,23 +29,4 @@ OTHER = {
 @pytest.mark.parametrize("factory", sorted(PLANTED) + sorted(OTHER))
 def test_planted_fsdp2_bug_fails_its_clause(factory: str) -> None:
     clause, suite = OTHER.get(factory, (PLANTED.get(factory, ""), "suites/test_fsdp2.py"))
-    args = [
-        "--strategy",
-        f"selfcheck_fsdp2.broken:{factory}",
-        "--clauses",
-        clause,
-        "-x",
-        "--nproc",
-        "4",
-        "--hypothesis-profile=selfcheck",
-        "-q",
-    ]
-    result = run_suites(args, timeout=170, suites=[suite])
-    output = result.stdout + result.stderr
-    tail = output[-4000:]
-    assert result.returncode == 1, (
-        f"{factory}: the suite did not fail (rc={result.returncode})\n{tail}"
-    )
-    line = re.search(rf"^\s+{re.escape(clause)}\s+(\S+)\s+(\S+): (.*)$", output, re.MULTILINE)
-    assert line is not None, f"{factory}: no summary line for {clause}\n{tail}"
-    assert line.group(1) == "failed", f"{factory}: {clause} is {line.group(1)}, not failed\n{tail}"
+    assert_clause_fails(f"selfcheck_fsdp2.broken:{factory}", clause, suites=[suite])

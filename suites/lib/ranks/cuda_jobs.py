@@ -113,7 +113,9 @@ def observed_train_rank(ctx: Any, scenario: Scenario, offload: str | None) -> Ra
         compute.setdefault("output", f"{output.dtype} on {output.device}")
 
     linear = next(m for m in t.model.modules() if isinstance(m, Linear))
-    handle = linear.register_forward_hook(record)
+    # first among the forward hooks, before an FSDP2 unit's own post-forward reshard (see
+    # suites.lib.ranks.training.compute_dtypes)
+    handle = linear.register_forward_hook(record, prepend=True)
     result = RankResult(ctx.rank, t.strategy.distributed_sampler_kwargs["rank"])
     result.extra["before"] = _placement(t.model)
     train(t, scenario, result)

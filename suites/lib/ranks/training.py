@@ -206,7 +206,10 @@ def compute_dtypes(t: Trained, scenario: Scenario) -> dict[str, str]:
         seen.setdefault("output", str(output.dtype))
 
     linear = next(m for m in t.model.modules() if isinstance(m, Linear))
-    handle = linear.register_forward_hook(record)
+    # first among the forward hooks: a Linear that is an FSDP2 unit of its own (a size
+    # policy picks it) reshards in its own post-forward hook, after which ``weight`` is the
+    # float32 shard again, not what the forward computed with
+    handle = linear.register_forward_hook(record, prepend=True)
     try:
         micro_step(t, scenario, 0, 0, t.strategy.distributed_sampler_kwargs["rank"])
     finally:

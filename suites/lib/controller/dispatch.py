@@ -46,6 +46,7 @@ def run(
             every example of the check meets (:func:`harness.run.remembered.built_families`),
             so the check gives up after a few.
     """
+    __tracebackhide__ = True  # a failure's traceback shows the check and the ranks, not this
     from harness import RankFailure, Unsupported, run_on_ranks
     from harness.run.remembered import mark_built_families
     from harness.run.session import current

@@ -278,6 +278,14 @@ def check_round_trip(plan: CkptPlan, out: dict[str, Any], rank: int) -> None:
         assert not {"embed.weight", "head.weight"} <= stateful, (
             f"CKPT-STRICT-3: {where}: the tied weight has state under both of its names"
         )
+    # a requested key in the return value was ignored, not restored (the return value is
+    # the metadata nobody asked for): said before the scheduler's own check, which a load
+    # that ignores every request would otherwise fail first
+    ignored = sorted(k for k in (*plan.requested, SCHEDULER_KEY) if k in out["returned"])
+    assert not ignored, (
+        f"CKPT-LOAD-2: {where}: requested metadata {ignored} came back in the return value "
+        "instead of being restored into state in place"
+    )
     check_scheduler(out["scheduler"], where=where)
     expected_meta = plain_metadata(make_metadata(plan.meta))
     for key in plan.requested:

@@ -62,6 +62,7 @@ __all__ = [
     "fsdp2_mp_policy",
     "fsdp2_param_groups",
     "group_registry_state",
+    "memory_tracker",
     "new_process_group_helper",
     "process_groups",
     "replace_new_process_group_helper",
@@ -371,6 +372,44 @@ def clear_sharding_cache() -> None:
         clear = _attribute(module, name)
         if callable(clear):
             clear()
+
+
+def memory_tracker() -> type[Any] | None:
+    """torch's ``MemTracker`` (a dispatch mode that counts the bytes of every storage it sees,
+    by category: parameters, buffers, gradients, optimizer state, activations, temporaries),
+    made to accept FSDP1's parameter views, or ``None`` where this torch has none (the cost
+    checks then read ``environment``).
+
+    [Note: memory tracker] ``torch.distributed._tools.mem_tracker.MemTracker`` in torch 2.11
+    to 2.14, with ``track_external``, ``reset_mod_stats``, ``get_tracker_snapshot("current" |
+    "peak")`` and the category names ``Parameter``, ``Buffer``, ``Gradient``, ``Activation``,
+    ``Temp``, ``Optstate`` and ``Other`` (``_MemRefType``); it runs on CPU. It counts what
+    passes through the dispatcher inside its context and the storages ``track_external``
+    names, so a storage made outside both (a C++ collective's own buffers) is not seen.
+
+    [Note: FSDP1's parameter views] At each module's first forward, MemTracker's private
+    ``_track_module_params_and_buffers`` registers a post-accumulate-grad hook on every
+    parameter, which raises for FSDP1's ``use_orig_params`` parameters (views of the flat
+    parameter while unsharded, not leaves). The subclass here asks for no hooks on a module
+    with such a parameter: its storages are still counted, and its gradients are counted
+    when the backward makes them (as temporaries until an optimizer step or a later
+    ``track_external`` files them as gradients), so the peak total is unchanged.
+    """
+    base = _attribute("torch.distributed._tools.mem_tracker", "MemTracker")
+    if not isinstance(base, type):
+        return None
+
+    class _LeafSafeMemTracker(base):  # type: ignore[misc, valid-type]
+        def _track_module_params_and_buffers(
+            self, module: nn.Module, install_grad_hooks: bool = True
+        ) -> tuple[int, int]:
+            leaves = all(p.is_leaf for p in module.parameters())
+            result: tuple[int, int] = super()._track_module_params_and_buffers(
+                module, install_grad_hooks=install_grad_hooks and leaves
+            )
+            return result
+
+    return _LeafSafeMemTracker
 
 
 def _attribute(module: str, dotted: str) -> Any:

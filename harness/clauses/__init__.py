@@ -16,6 +16,7 @@ from __future__ import annotations
 from harness.clauses.api_and_training import API, CONSTRUCTION, SHARDING, TRAINING
 from harness.clauses.arguments import ARGUMENT_AXES, ARGUMENTS, Argument
 from harness.clauses.checkpoints import CHECKPOINTS, MODEL_PARALLEL
+from harness.clauses.cost import COST
 from harness.clauses.fsdp2 import FSDP2
 from harness.clauses.registry import Clause, Section, UnknownClauseError, build_index, match_ids
 
@@ -63,6 +64,7 @@ SECTIONS: tuple[Section, ...] = (
     CHECKPOINTS,
     MODEL_PARALLEL,
     FSDP2,
+    COST,
 )
 
 #: ``{id: Clause}`` in contract order.
@@ -87,7 +89,7 @@ def clause_text(clause_id: str) -> str:
 
 
 def clauses_of(*numbers: int) -> tuple[str, ...]:
-    """The clause ids of the given sections (1-7), in order.
+    """The clause ids of the given sections (1-8), in order.
 
     Raises:
         ValueError: a section number the contract does not have.

@@ -28,6 +28,7 @@ __all__ = ["KINDS", "Finding", "Findings", "failure_kind", "kind_order"]
 KINDS = (
     "lost or corrupted data",
     "wrong result",
+    "cost",
     "race between ranks",
     "hang or desync",
     "crash",
@@ -37,6 +38,8 @@ KINDS = (
 )
 #: clauses about what a checkpoint holds: a wrong value there is lost or corrupted data
 _DATA_CLAUSES = re.compile(r"^CKPT-(?:RT|SAVE-7|STRICT-3|BUF|REKEY|TRAINER)")
+#: clauses about memory held and collectives issued: a right result at the wrong cost
+_COST_CLAUSES = re.compile(r"^(?:MEM|COMM)-")
 #: clauses about numbers computed in training: a wrong value there is a wrong result
 _RESULT_CLAUSES = re.compile(r"^(?:TRAIN|CLIP|SYNC|SHARD|PREC|INIT|AC|MP-2|MP-4)")
 _RACE = re.compile(r"(?:differ|not the same) (?:between|across|on every) ranks|on one rank only")
@@ -58,6 +61,8 @@ def failure_kind(attribution: Attribution, clauses: list[str]) -> str:
         return "crash"
     if _RACE.search(message):
         return "race between ranks"
+    if attribution.kind == "assertion" and clauses and all(_COST_CLAUSES.match(c) for c in clauses):
+        return "cost"
     data = any(_DATA_CLAUSES.match(c) for c in clauses)
     if attribution.kind == "raised":
         # a checkpoint that does not save or load back (or leaves state the next step fails

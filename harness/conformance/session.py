@@ -36,6 +36,7 @@ from harness.conformance.triage import LATE_PREFIX, Triage, shrink_budget
 from harness.conformance.unsupported import CheckWatch, rejecting, skip_exception
 from harness.contract import Unsupported
 from harness.report import NOT_RUN, CheckResult, Report, write_report
+from harness.report.cost import cost_of
 from harness.report.outcome import Outcome
 from harness.run.session import HarnessSession, session_of
 from harness.run.shrinking import quiet_slow_shrinking
@@ -330,6 +331,7 @@ class ConformancePlugin:
                 {c.id: c.params for c in self.checks.values()},
             ),
             coverage=coverage_of(self.checks.values(), self.harness.universe),
+            cost=cost_of(self.harness.costs),
             run=facts.run(self.config, self.started_at, time.perf_counter() - self.started),
         )
 

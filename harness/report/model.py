@@ -175,6 +175,10 @@ class Report:
         run: how and when the run ran: ``hypothesis_profile``, ``hypothesis_seed``
             (``--hypothesis-seed``, or None), ``started_at`` (UTC, ISO 8601) and
             ``wall_time_s`` (empty in reports written before these were recorded).
+        cost: what the cost checks measured (:func:`harness.report.cost.cost_of`: per
+            configuration and world size, every rank's bytes at rest and at the peak by
+            category and the collectives of a step by kind; the per-rank law with its
+            projection); empty when no cost check ran.
     """
 
     suite_version: str
@@ -187,6 +191,7 @@ class Report:
     findings: list[FindingResult] = field(default_factory=list)
     coverage: dict[str, Any] = field(default_factory=dict)
     run: dict[str, Any] = field(default_factory=dict)
+    cost: dict[str, Any] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         """The number of checks per outcome (every outcome present, zeros included)."""
@@ -213,6 +218,7 @@ class Report:
             "expected_failures": self.expected_failures,
             "findings": [asdict(finding) for finding in self.findings],
             "coverage": self.coverage,
+            "cost": self.cost,
             "checks": [asdict(check) for check in self.checks],
         }
 
@@ -255,6 +261,7 @@ class Report:
             findings=findings,
             coverage=data.get("coverage", {}),
             run=data.get("run", {}),
+            cost=data.get("cost", {}),
         )
 
 

@@ -108,6 +108,7 @@ class HarnessSession:
         #: why job cutoffs moved on while the ranks still worked, per world size
         self.cutoffs_moved: dict[int, list[str]] = {}
         self.universe: set[tuple[str, str, str, str]] = set()  # declared configuration pairs
+        self.costs: list[dict[str, Any]] = []  # what the cost checks measured, per configuration
 
     # -- settings -------------------------------------------------------------------------
 
@@ -267,6 +268,12 @@ class HarnessSession:
         the coverage table counts them and lists those no job reached (a suite's pairwise
         cover declares the space it covers)."""
         self.universe.update(pairs)
+
+    def note_cost(self, measured: Mapping[str, Any]) -> None:
+        """Keep one configuration's cost measurement (the cost checks call this once per
+        configuration): ``configuration``, ``family``, ``world_size`` and every rank's bytes
+        (``ranks``); the report carries them in ``cost``."""
+        self.costs.append(dict(measured))
 
     # -- what jobs leave behind -----------------------------------------------------------
 

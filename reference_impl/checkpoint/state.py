@@ -184,8 +184,15 @@ def state_dict_options(
         rank0_only: With ``full``, offload to CPU on rank 0 only when the shards live on an
             accelerator (see [Note: cpu_offload only for accelerator shards]).
     """
-    offload = full and rank0_only and _shards_on_accelerator(module)
+    offload = full and rank0_only and (_shards_on_accelerator(module) or not _fsdp1(module))
     return StateDictOptions(full_state_dict=full, cpu_offload=offload)
+
+
+def _fsdp1(module: nn.Module) -> bool:
+    """Whether ``module`` holds FSDP1 units (whose offloaded full read segfaults on CPU)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return any(isinstance(m, FullyShardedDataParallel) for m in module.modules())
 
 
 def read_model_state(module: nn.Module, *, full: bool, rank0_only: bool = True) -> dict[str, Any]:

@@ -140,6 +140,12 @@ def measure(scenario: Scenario) -> tuple[list[CostRecord], list[Law]]:
     return records, [law_of(scenario, r) for r in records]
 
 
+def _at(clause: str, record: CostRecord, scenario: Scenario) -> str:
+    """A failure's opening: the clause, then where it was seen (the headline puts what
+    is wrong first, and findings group across ranks and configurations)."""
+    return f"{clause}: rank {record.rank}, {where(scenario)}: "
+
+
 @pytest.mark.clause("MEM-1")
 @_rows()
 def test_each_rank_holds_its_share_at_rest(scenario: Scenario) -> None:
@@ -152,10 +158,10 @@ def test_each_rank_holds_its_share_at_rest(scenario: Scenario) -> None:
                 ("optimizer", "optimizer state"),
             ):
                 share = law.share(category)
-                assert held[category] <= share, (
-                    f"rank {record.rank} holds {mib(held[category])} of {label} {moment} where "
-                    f"its share is {mib(share)} ({where(scenario)}: the plain model's "
-                    f"{mib(getattr(law, category))} over {law.shard} rank(s), padding included)"
+                assert held[category] <= share, _at("MEM-1", record, scenario) + (
+                    f"holds {mib(held[category])} of {label} {moment} where its share is "
+                    f"{mib(share)} (the plain model's {mib(getattr(law, category))} over "
+                    f"{law.shard} rank(s), padding included)"
                 )
 
 
@@ -166,13 +172,11 @@ def test_a_step_peaks_within_its_share_and_what_is_in_flight(scenario: Scenario)
     for record, law in zip(records, laws, strict=True):
         bound = law.peak_bound()
         peak = record.peak["total"]
-        assert peak <= bound, (
-            f"rank {record.rank} peaks at {mib(peak)} during a training step where "
-            f"{where(scenario)} allows {mib(bound)}: its share, {mib(law.in_flight_params())} "
-            f"of unsharded parameters and {mib(law.in_flight_grads())} of unsharded gradients "
-            f"in flight, collective buffers and activations (at the peak: "
-            + ", ".join(f"{k} {mib(v)}" for k, v in record.peak.items() if v and k != "total")
-            + ")"
+        assert peak <= bound, _at("MEM-2", record, scenario) + (
+            f"peaks at {mib(peak)} during a training step where its configuration allows "
+            f"{mib(bound)} (its share, {mib(law.in_flight_params())} of unsharded parameters "
+            f"and {mib(law.in_flight_grads())} of unsharded gradients in flight, collective "
+            f"buffers and activations; {mib(record.peak['params'])} of parameters at the peak)"
         )
 
 
@@ -184,10 +188,10 @@ def test_a_full_save_goes_through_rank_0(scenario: Scenario) -> None:
         bound = law.save_bound(record.rank)
         peak = record.save_peak["total"]
         whole = "the whole state once, " if record.rank == 0 else ""
-        assert peak <= bound, (
-            f"rank {record.rank} peaks at {mib(peak)} during a full save_checkpoint where "
-            f"{where(scenario)} allows {mib(bound)} (its share, {whole}one largest unit's "
-            f"parameters and optimizer state in flight)"
+        assert peak <= bound, _at("MEM-3", record, scenario) + (
+            f"peaks at {mib(peak)} during a full save_checkpoint where its configuration "
+            f"allows {mib(bound)} (its share, {whole}one largest unit's parameters and "
+            "optimizer state in flight)"
         )
 
 
@@ -197,30 +201,28 @@ def test_a_synchronized_micro_batch_issues_its_configurations_collectives(
     scenario: Scenario,
 ) -> None:
     records, laws = measure(scenario)
+    tp = scenario.strategy.tensor_parallel_size if isinstance(scenario.strategy, MPConfig) else 1
     for record, law in zip(records, laws, strict=True):
         step = record.comm.get("step", {})
         gathered = sum(step.get("all_gather", []))
-        tp = (
-            scenario.strategy.tensor_parallel_size if isinstance(scenario.strategy, MPConfig) else 1
-        )
         floor, ceiling = law.gather_floor() // tp, law.gather_ceiling()
-        who = f"rank {record.rank}'s synchronized micro-batch ({where(scenario)})"
-        assert gathered >= floor, (
-            f"{who} all-gathered {mib(gathered)} of parameters where resharding after forward "
-            f"gathers at least {mib(floor)} (every unit in forward and again in backward): the "
-            "units stayed gathered between forward and backward"
+        at = _at("COMM-1", record, scenario)
+        assert gathered >= floor, at + (
+            f"a synchronized micro-batch all-gathered {mib(gathered)} of parameters where "
+            f"resharding after forward gathers at least {mib(floor)} (every unit in forward "
+            "and again in backward): the units stayed gathered between forward and backward"
         )
-        assert gathered <= ceiling, (
-            f"{who} all-gathered {mib(gathered)} where at most {mib(ceiling)} (every parameter "
-            "twice) is needed"
+        assert gathered <= ceiling, at + (
+            f"a synchronized micro-batch all-gathered {mib(gathered)} where at most "
+            f"{mib(ceiling)} (every parameter twice) is needed"
         )
         for kind in ("reduce_scatter", "all_reduce"):
             if kind == "all_reduce" and isinstance(scenario.strategy, MPConfig):
                 continue  # tensor parallelism's activation all-reduces
             moved = sum(step.get(kind, []))
-            assert moved <= law.reduce_ceiling(), (
-                f"{who} moved {mib(moved)} of gradients by {kind} where the plain model's "
-                f"gradients are {mib(law.grads)}: gradients reduced more than once"
+            assert moved <= law.reduce_ceiling(), at + (
+                f"a synchronized micro-batch moved {mib(moved)} of gradients by {kind} where "
+                f"the plain model's gradients are {mib(law.grads)}: reduced more than once"
             )
 
 
@@ -231,12 +233,11 @@ def test_clipping_reduces_norms_not_gradients(scenario: Scenario) -> None:
     for record, law in zip(records, laws, strict=True):
         limit = NORM_BYTES * law.tensors
         for kind, sizes in record.comm.get("clip", {}).items():
-            assert max(sizes) <= limit, (
-                f"rank {record.rank}'s clip_gradients_norm {kind.replace('_', '-')}ed "
-                f"{mib(sum(sizes))} in {len(sizes)} collective(s), the largest "
-                f"{mib(max(sizes))}, where norms take at most {mib(limit)} ({NORM_BYTES} bytes "
-                f"for each of {law.tensors} parameter tensors; the gradients are "
-                f"{mib(law.grads)}) ({where(scenario)})"
+            assert max(sizes) <= limit, _at("COMM-2", record, scenario) + (
+                f"clip_gradients_norm {kind.replace('_', '-')}ed {mib(sum(sizes))} in "
+                f"{len(sizes)} collective(s), the largest {mib(max(sizes))}, where norms take "
+                f"at most {mib(limit)} ({NORM_BYTES} bytes for each of {law.tensors} parameter "
+                f"tensors; the gradients are {mib(law.grads)})"
             )
 
 
@@ -244,20 +245,18 @@ def test_clipping_reduces_norms_not_gradients(scenario: Scenario) -> None:
 @_rows()
 def test_no_backward_sync_moves_no_gradient(scenario: Scenario) -> None:
     records, _ = measure(scenario)
+    tp = isinstance(scenario.strategy, MPConfig) and scenario.strategy.tensor_parallel_size > 1
     for record in records:
         inside = record.comm.get("accumulate", {})
         scattered = inside.get("reduce_scatter", [])
-        assert not scattered, (
-            f"rank {record.rank} reduce-scattered {mib(sum(scattered))} of gradients in "
-            f"{len(scattered)} collective(s) inside no_backward_sync(enabled=True) "
-            f"({where(scenario)})"
+        at = _at("COMM-3", record, scenario)
+        assert not scattered, at + (
+            f"reduce-scattered {mib(sum(scattered))} of gradients in {len(scattered)} "
+            "collective(s) inside no_backward_sync(enabled=True)"
         )
         reduced = sum(inside.get("all_reduce", []))
-        allowed = sum(record.comm.get("step", {}).get("all_reduce", []))
-        tp = isinstance(scenario.strategy, MPConfig) and scenario.strategy.tensor_parallel_size > 1
-        allowed = allowed if tp else 0
-        assert reduced <= allowed, (
-            f"rank {record.rank} all-reduced {mib(reduced)} inside "
-            f"no_backward_sync(enabled=True) where {mib(allowed)} (tensor parallelism's "
-            f"activations) may move ({where(scenario)})"
+        allowed = sum(record.comm.get("step", {}).get("all_reduce", [])) if tp else 0
+        assert reduced <= allowed, at + (
+            f"all-reduced {mib(reduced)} inside no_backward_sync(enabled=True) where "
+            f"{mib(allowed)} (tensor parallelism's activations) may move"
         )

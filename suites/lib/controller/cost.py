@@ -39,18 +39,23 @@ def mib(nbytes: float) -> str:
 
 
 def where(scenario: Scenario) -> str:
-    """The configuration, as a finding names it: family, sharding, world size."""
+    """The configuration, as a finding names it (one piece, no top-level comma, so findings
+    group across configurations): ``fsdp (FULL_SHARD, 32-true) at world size 4``."""
     config = scenario.strategy
     if isinstance(config, FSDPConfig):
         mesh = f", mesh {config.device_mesh}" if config.device_mesh else ""
-        what = f"fsdp {config.sharding_strategy}{mesh}"
+        what = f"fsdp ({config.sharding_strategy}{mesh}, {scenario.precision})"
     elif isinstance(config, FSDP2Config):
         mesh = f", HSDP mesh {config.device_mesh}" if config.device_mesh else ""
-        what = f"fsdp2 reshard_after_forward={config.reshard_after_forward}{mesh}"
+        reshard = f"reshard_after_forward={config.reshard_after_forward}"
+        what = f"fsdp2 ({reshard}{mesh}, {scenario.precision})"
     else:
         assert isinstance(config, MPConfig)
-        what = f"model_parallel dp {config.data_parallel_size} x tp {config.tensor_parallel_size}"
-    return f"{what}, {scenario.precision}, world {scenario.world_size}"
+        what = (
+            f"model_parallel (dp {config.data_parallel_size} x tp "
+            f"{config.tensor_parallel_size}, {scenario.precision})"
+        )
+    return f"{what} at world size {scenario.world_size}"
 
 
 def _units(scenario: Scenario, model: nn.Module) -> set[str]:

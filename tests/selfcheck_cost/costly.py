@@ -1,0 +1,143 @@
+"""The reference strategies with one cost bug each (``--strategy selfcheck_cost.costly:<factory>``).
+
+Every bug leaves the numbers right (the training, clipping and checkpoint clauses pass) and
+costs memory or communication that the configuration does not need, as the field's common
+sharding bugs do; ``test_planted_cost_bugs.py`` runs the cost checks against each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+from unittest import mock
+
+import torch
+from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+from torch.optim import Optimizer
+
+import reference_impl
+from harness.contract import StrategySpec, Unsupported
+from reference_impl.fsdp import FSDPStrategy
+from reference_impl.fsdp2 import FSDP2Strategy
+
+__all__ = [
+    "clips_on_full_gradients",
+    "gathers_full_state_on_every_rank",
+    "regathers_after_the_step",
+    "syncs_inside_no_backward_sync",
+    "zero2_for_full_shard",
+]
+
+
+def _fsdp2(spec: StrategySpec) -> FSDP2Strategy:
+    if spec.family != "fsdp2":
+        raise Unsupported("the planted cost bug is an fsdp2 strategy's", "family", spec.family)
+    strategy = reference_impl.make_strategy(spec)
+    assert isinstance(strategy, FSDP2Strategy)
+    return strategy
+
+
+def _as(strategy: Any, bug: type, base: type) -> Any:
+    cls = type(f"{bug.__name__}{base.__name__}", (bug, base), {})
+    broken: Any = object.__new__(cls)
+    broken.__dict__.update(strategy.__dict__)
+    return broken
+
+
+class _ClipsOnFullGradients:
+    """Computes the global norm from every gradient gathered whole (``full_tensor()``): the
+    norm and the scaling are right; every rank all-gathers the model's gradients to get it."""
+
+    def clip_gradients_norm(
+        self,
+        module: nn.Module,
+        optimizer: Optimizer,
+        max_norm: float,
+        norm_type: float = 2.0,
+        error_if_nonfinite: bool = True,
+    ) -> Tensor:
+        grads = [p.grad for p in module.parameters() if p.grad is not None]
+        whole = [g.full_tensor() if isinstance(g, DTensor) else g for g in grads]
+        total = torch.nn.utils.get_total_norm(whole, norm_type, error_if_nonfinite)
+        scale = min(1.0, max_norm / (float(total) + 1e-6))
+        for grad in grads:
+            grad.mul_(scale)
+        return total
+
+
+def clips_on_full_gradients(spec: StrategySpec) -> Any:
+    """COMM-2: clipping all-gathers the gradients."""
+    return _as(_fsdp2(spec), _ClipsOnFullGradients, FSDP2Strategy)
+
+
+class _SyncsInsideNoBackwardSync:
+    """``no_backward_sync`` does nothing: every micro-batch reduce-scatters its gradients
+    (their sum is the same; the communication of accumulation is not saved)."""
+
+    def no_backward_sync(self, module: nn.Module, enabled: bool) -> Any:
+        return contextlib.nullcontext()
+
+
+def syncs_inside_no_backward_sync(spec: StrategySpec) -> Any:
+    """COMM-3: gradients are reduced inside ``no_backward_sync(enabled=True)``."""
+    return _as(_fsdp2(spec), _SyncsInsideNoBackwardSync, FSDP2Strategy)
+
+
+class _GathersFullStateOnEveryRank:
+    """A full save reads the gathered state on every rank (``rank0_only`` off) and writes it
+    from rank 0: the file is right; every rank held the whole model and optimizer."""
+
+    def save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+        with mock.patch("reference_impl.checkpoint.state._fsdp1", lambda module: True):
+            super().save_checkpoint(*args, **kwargs)  # type: ignore[misc]
+
+
+def gathers_full_state_on_every_rank(spec: StrategySpec) -> Any:
+    """MEM-3: a full save gathers the whole state on every rank."""
+    return _as(_fsdp2(spec), _GathersFullStateOnEveryRank, FSDP2Strategy)
+
+
+class _RegathersAfterTheStep:
+    """After each optimizer step, gathers every unit's updated parameters ahead of the next
+    forward (a "prefetch" that never reshards): values are right; between steps every rank
+    holds the whole model. It reshards before a save (torch's state-dict readers need the
+    sharded parameters registered)."""
+
+    def save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+        for root in self._modules:  # type: ignore[attr-defined]
+            for unit in _units(root):
+                unit.reshard()
+        super().save_checkpoint(*args, **kwargs)  # type: ignore[misc]
+
+    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
+        out = super().optimizer_step(optimizer, **kwargs)  # type: ignore[misc]
+        for root in self._modules:  # type: ignore[attr-defined]
+            for unit in _units(root):
+                unit.unshard()
+        return out
+
+
+def _units(root: nn.Module) -> Iterator[FSDPModule]:
+    return (m for m in root.modules() if isinstance(m, FSDPModule))
+
+
+def regathers_after_the_step(spec: StrategySpec) -> Any:
+    """MEM-1: parameters stay gathered between steps."""
+    return _as(_fsdp2(spec), _RegathersAfterTheStep, FSDP2Strategy)
+
+
+def zero2_for_full_shard(spec: StrategySpec) -> Any:
+    """COMM-1: ``FULL_SHARD`` is built as ``SHARD_GRAD_OP`` (ZeRO-2): the same shards at
+    rest, but units stay gathered from forward to backward."""
+    if spec.family != "fsdp":
+        raise Unsupported("the planted cost bug is an fsdp strategy's", "family", spec.family)
+    name = getattr(spec.sharding_strategy, "name", spec.sharding_strategy)
+    if str(name).upper() == "FULL_SHARD":
+        spec = dataclasses.replace(spec, sharding_strategy="SHARD_GRAD_OP")
+    strategy = reference_impl.make_strategy(spec)
+    assert isinstance(strategy, FSDPStrategy)
+    return strategy

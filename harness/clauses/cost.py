@@ -63,8 +63,8 @@ COST = Section(
             "COMM-3",
             "Inside `no_backward_sync(enabled=True)` no collective moves a gradient: the "
             "micro-batches there issue no reduce-scatter, and all-reduces only where tensor "
-            "parallelism reduces activations (no more bytes than the synchronized micro-batch's "
-            "all-reduces of the same kind).",
+            "parallelism reduces activations (per micro-batch, no more bytes than the "
+            "synchronized micro-batch's all-reduces).",
         ),
     ),
     intro=(

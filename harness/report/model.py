@@ -14,12 +14,15 @@ __all__ = [
     "BLOCKED",
     "CONFORMING",
     "CONFORMING_OFFERED",
+    "FAILED_WITH",
+    "LISTED_PREFIX",
     "NOT_RUN",
     "NO_CLAUSE",
     "OUTCOMES",
     "READABLE_SCHEMAS",
     "SCHEMA_VERSION",
     "SEVERITY",
+    "XPASS_PREFIX",
     "CheckResult",
     "FindingResult",
     "Report",
@@ -62,6 +65,14 @@ CONFORMING = frozenset(o.value for o in Outcome if o.conforms(whole_space=True))
 #: :func:`nonconforming`).
 CONFORMING_OFFERED = frozenset(o.value for o in Outcome if o.conforms(whole_space=False))
 NO_CLAUSE = "(no clause)"
+#: How a listed check's xfail reason starts (``expected failure: <the file's reason>``), and
+#: what joins it to the failure it met: an ``xfailed`` check's ``failure`` is
+#: ``expected failure: <reason>; it failed with: <failure>``.
+LISTED_PREFIX = "expected failure: "
+FAILED_WITH = "; it failed with: "
+#: How the ``failure`` of a listed check that passed starts (pytest's strict xpass): its outcome
+#: is ``failed``, as it fails the run, but it is a fix, not a failure (:attr:`CheckResult.fixed`).
+XPASS_PREFIX = "passed although listed as an expected failure"
 
 
 class ReportError(ValueError):
@@ -111,9 +122,34 @@ class CheckResult:
                 f"use one of {', '.join(OUTCOMES)}."
             )
 
+    @property
+    def fixed(self) -> bool:
+        """Whether the check passed although the expected-failures file lists it (a strict
+        xpass): the run fails on it, but what it asks for is to take its line out."""
+        return self.outcome == Outcome.FAILED and (self.failure or "").startswith(XPASS_PREFIX)
+
+    @property
+    def nonconforming(self) -> bool:
+        """Whether the check did not conform: its outcome fails the run (a fixed check
+        excepted) or it failed as listed (``xfailed``): what a baseline lists."""
+        return Outcome(self.outcome).is_failure and not self.fixed
+
+    def own_failure(self) -> str:
+        """``failure`` without what a listing added: an ``xfailed`` check's text is the failure
+        it met, not ``expected failure: <reason>; it failed with: ...`` (the reason may hold
+        an earlier run's text; the failure itself comes last)."""
+        text = self.failure or ""
+        if self.outcome == Outcome.XFAILED and text.startswith(LISTED_PREFIX):
+            _, found, rest = text.rpartition(FAILED_WITH)
+            return rest if found else text.removeprefix(LISTED_PREFIX)
+        return text
+
     def clause_outcome(self, clause: str) -> str:
         """This check's outcome for one of its clauses: a failure attributed to another of
-        its clauses leaves this one ``blocked`` (not verified), not failed."""
+        its clauses leaves this one ``blocked`` (not verified), not failed; a listed check that
+        passed (:attr:`fixed`) reads ``passed``: its property held."""
+        if self.fixed:
+            return Outcome.PASSED.value
         failing = self.outcome in (Outcome.FAILED, Outcome.DESYNC, Outcome.HANG)
         if failing and self.attributed_to and clause not in self.attributed_to:
             return BLOCKED

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -367,24 +367,17 @@ def _finding_outcome(hit: Sequence[CheckResult]) -> str:
     return Outcome.FAILED.value
 
 
-def clause_outcomes(
+def _grouped(
     checks: Sequence[CheckResult],
-    findings: Sequence[FindingResult] = (),
-    family: str | None = None,
-) -> dict[str, tuple[str, list[CheckResult]]]:
-    """Group checks by clause: ``{clause: (worst outcome, its checks)}``, clauses sorted.
-
-    A check counts for each clause it declares with :meth:`CheckResult.clause_outcome`; a
-    finding fails each clause it breaks (a clause the failing checks do not declare, such as
-    the one that blocked them or one violated late, included).
-
-    Args:
-        checks: the checks.
-        findings: the run's findings.
-        family: only checks of this family, when given (a check of no one family says
-            nothing about one family: its examples may all have been of the other).
-    """
-    chosen = [c for c in checks if family is None or c.family == family]
+    findings: Sequence[FindingResult],
+    families: Collection[str] | None = None,
+) -> dict[str, tuple[list[str], list[CheckResult]]]:
+    """``{clause: (the outcomes it counts, its checks)}`` over the checks of ``families``
+    (``""``: of no one family; None: every check), clauses sorted: a check counts for each
+    clause it declares with :meth:`CheckResult.clause_outcome`; a finding counts for each
+    clause it breaks (one the failing checks do not declare, such as the one that blocked
+    them or one violated late, included), over its checks kept."""
+    chosen = [c for c in checks if families is None or c.family in families]
     groups: dict[str, list[CheckResult]] = {}
     outcomes: dict[str, list[str]] = {}
     for check in chosen:
@@ -394,18 +387,42 @@ def clause_outcomes(
     by_id = {c.id: c for c in chosen}
     for finding in findings:
         hit = [by_id[i] for i in finding.checks if i in by_id]
-        if family is not None:  # a finding counts for a family where its checks name it
-            hit = [c for c in hit if c.family == family]
         if not hit:
             continue
         for clause in finding.clauses:
             groups.setdefault(clause, [])
             groups[clause] += [c for c in hit if c not in groups[clause]]
             outcomes.setdefault(clause, []).append(_finding_outcome(hit))
-    return {
-        clause: (offered_outcome(outcomes[clause]), members)
-        for clause, members in sorted(groups.items())
-    }
+    return {clause: (outcomes.get(clause, []), groups[clause]) for clause in sorted(groups)}
+
+
+def clause_outcomes(
+    checks: Sequence[CheckResult],
+    findings: Sequence[FindingResult] = (),
+    family: str | None = None,
+) -> dict[str, tuple[str, list[CheckResult]]]:
+    """Group checks by clause: ``{clause: (its outcome, its checks)}``, clauses sorted, each
+    outcome by the rule of [Note: one meaning in the clause table]: a clause with family
+    cells (:func:`clause_family_outcomes`) is its cells put together, with its checks of no
+    one family; any other is its checks put together (:func:`offered_outcome`).
+
+    Args:
+        checks: the checks.
+        findings: the run's findings.
+        family: only checks of this family, when given (their outcomes put together as
+            they are: no cells).
+    """
+    if family is not None:
+        own = _grouped(checks, findings, (family,))
+        return {cl: (offered_outcome(outcomes), members) for cl, (outcomes, members) in own.items()}
+    cells = clause_family_outcomes(checks, findings)
+    familyless = _grouped(checks, findings, ("",))
+    table = {}
+    for clause, (outcomes, members) in _grouped(checks, findings).items():
+        if clause in cells:
+            outcomes = [*cells[clause].values(), *familyless.get(clause, ([], []))[0]]
+        table[clause] = (offered_outcome(outcomes), members)
+    return table
 
 
 def against(clause: str, members: Iterable[CheckResult]) -> list[CheckResult]:
@@ -426,21 +443,40 @@ def environment_note(clause: str, members: Iterable[CheckResult]) -> str:
 def clause_family_outcomes(
     checks: Sequence[CheckResult], findings: Sequence[FindingResult] = ()
 ) -> dict[str, dict[str, str]]:
-    """``{clause: {family: outcome}}`` for the families the checks name (fsdp,
-    model_parallel): a family's outcome counts only the checks of that family (a check of no
-    one family, such as one that draws its family, counts in the clause's outcome only). A
-    family whose every check the strategy declared unsupported is not offered: its column
-    is ``unsupported`` wherever it has checks. A clause none of whose checks names a family
-    has no entry."""
+    """``{clause: {family: outcome}}``: the family cells of the clause table, for each clause
+    some check of which names a family (fsdp, fsdp2, model_parallel), by the rule of
+    [Note: one meaning in the clause table]. A clause none of whose checks names a family has
+    no entry.
+
+    [Note: one meaning in the clause table] Outcomes are put together one way everywhere
+    (:func:`offered_outcome`): the worst of those that count against a clause; when none
+    does, ``passed`` if one passed, else the worst of the rest. A family is *offered* when
+    some check of it is not ``unsupported``. A clause's cell for a family puts together that
+    family's checks of the clause and, where the strategy offers the family, the clause's
+    checks of no one family (a check that draws its family ran on the families offered, so
+    on any of them); a family not offered reads ``unsupported`` where the clause has checks of
+    it. The clause's outcome puts together its cells and its checks of no one family. So the
+    two agree: a clause is ``failed`` exactly when one of its cells is (or, where it has no
+    cell of an offered family, a check of no one family failed), and a clause reads
+    ``passed`` beside an ``unsupported`` cell when it passed on the families offered.
+    """
     families = sorted({c.family for c in checks if c.family})
     split = {cl for c in checks if c.family for cl in c.clauses}
+    offered = {
+        f
+        for f in families
+        if any(c.outcome != Outcome.UNSUPPORTED for c in checks if c.family == f)
+    }
     table: dict[str, dict[str, str]] = {}
     for family in families:
-        own = [c for c in checks if c.family == family]
-        offered = any(c.outcome != "unsupported" for c in own)
-        for clause, (outcome, members) in clause_outcomes(checks, findings, family).items():
-            if clause in split and any(c.family == family for c in members):
-                table.setdefault(clause, {})[family] = outcome if offered else "unsupported"
+        kept = (family, "") if family in offered else (family,)
+        cell = _grouped(checks, findings, kept)
+        for clause, (outcomes, members) in cell.items():
+            own = any(c.family == family for c in members)
+            if clause not in split or not (own or family in offered):
+                continue
+            value = offered_outcome(outcomes) if family in offered else Outcome.UNSUPPORTED.value
+            table.setdefault(clause, {})[family] = value
     return dict(sorted(table.items()))
 
 

@@ -84,9 +84,10 @@ def _reason(check: CheckResult, finding: FindingResult | None) -> str:
 
 #: what a failure outside the test's call starts with (not there once the check is listed)
 _WHEN = re.compile(r"^(?:setup|teardown) failed: ")
-#: a directory made for one run: pytest's (``pytest-of-USER/pytest-N``), tempfile's
-#: (``tmpXXXXXXXX``), the harness session's (``shardcheck-XXXXXXXX``) and its job directories
-_RUN_DIR = re.compile(r"pytest-of-.+|pytest-\d+|tmp\w*|shardcheck-[\w-]+|jobs|job-\d+")
+#: a directory made for one run: pytest's (``pytest-of-USER/pytest-N``, or ``basetemp``; the
+#: test's own below it, ``test_name0``, is kept), tempfile's (``tmpXXXXXXXX``), the harness
+#: session's (``shardcheck-XXXXXXXX``) and its job directories (``jobs/job-N``)
+_RUN_DIR = re.compile(r"pytest-of-.+|pytest-\d+|basetemp|tmp\w*|shardcheck-[\w-]+|jobs|job-\d+")
 _PATH = re.compile(r"(?:/[^\s/'\"`:,;()\[\]{}<>]+)+/?")
 _CHANGING = (
     (re.compile(r"\bjob \d+\b"), "job N"),
@@ -107,8 +108,6 @@ def _steady_path(match: re.Match[str]) -> str:
             return "<tmp>" + path[len(root) :]
         return path
     last = marks[-1]
-    if re.fullmatch(r"pytest-\d+", parts[last]) and last + 1 < len(parts) - 1:
-        last += 1  # pytest's directory of one test (``test_name0``) is the run's too
     rest = "/".join(parts[last + 1 :])
     return f"<tmp>/{rest}" if rest else "<tmp>"
 

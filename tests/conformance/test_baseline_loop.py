@@ -167,8 +167,9 @@ def test_a_fix_reads_as_a_fix(run_suite: RunSuite, pytester: pytest.Pytester) ->
 
     # 5. something got worse: a new bug, and a listed check the strategy now refuses, which
     # leaves its clause with no check that ran: diff exits 1 and says both
-    status, _, fifth = team.run("lr no_mp parity")
+    status, text, fifth = team.run("lr no_mp parity")
     assert status == pytest.ExitCode.TESTS_FAILED
+    assert "listed checks are unsupported or environment now (stale), remove their lines" in text
     code, said = _diff(fourth, fifth)
     assert code == 1, said
     assert "worse: 1 checks fail that did not, 1 new findings, 1 clauses no check tests now" in said

@@ -1,4 +1,4 @@
-"""CONTRACT.md CFG-7..CFG-10, for both families.
+"""CONTRACT.md CFG-7..CFG-10, for every family (CFG-8 and CFG-9: model_parallel's options).
 
 The precision (both families), the model_parallel mesh sizes and ``parallelize_fn``, and the
 rule that an option is honoured or refused with an error naming it, never ignored. See
@@ -19,13 +19,13 @@ from harness import run_on_ranks
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.scenarios import job_world, world_sizes
 from suites.lib.ranks.config_jobs import (
+    EVERY_FAMILY,
     PRECISIONS,
     honour_rank,
     mp_sizes_rank,
     parallelize_fn_rank,
     precision_rank,
 )
-from suites.lib.ranks.construction import FAMILIES
 
 NEAR_MISS_PRECISION = ("32", "16", "bf16", "fp16-mixed", "64-true", "16-mixed ", "mixed", "")
 
@@ -52,7 +52,7 @@ BAD_PRECISION = st.one_of(
 @given(bad=st.lists(BAD_PRECISION, min_size=1, max_size=6))
 @example(bad=[*NEAR_MISS_PRECISION, 16, torch.float16, NotAPrecision()])
 def test_precision_is_one_of_five(bad: list[Any]) -> None:
-    jobs = run(precision_rank, bad, world_size=job_world(), families=FAMILIES)
+    jobs = run(precision_rank, bad, world_size=job_world(), families=EVERY_FAMILY)
     for rank, seen in enumerate(jobs):
         for key, plugin_methods in seen.items():
             assert plugin_methods == [True, True], (

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from harness.report import SEVERITY
+from harness.report.model import FAILED_WITH, XPASS_PREFIX
 
 __all__ = [
     "Check",
@@ -211,14 +212,14 @@ def classify_report(report: Any) -> tuple[str | None, str | None]:
         return ("passed", None) if when == "call" else (None, None)
     if report.skipped:
         if hasattr(report, "wasxfail"):
-            return "xfailed", f"{report.wasxfail}; it failed with: {_summary(report)}"
+            return "xfailed", f"{report.wasxfail}{FAILED_WITH}{_summary(report)}"
         return classify_skip(_skip_reason(report))
     summary = _summary(report)
     if when != "call":
         return "error", f"{when} failed: {summary}"
     if summary.startswith(_XPASS_STRICT):
         reason = summary.removeprefix(_XPASS_STRICT).strip()
-        return "failed", f"passed although listed as an expected failure (strict xpass): {reason}"
+        return "failed", f"{XPASS_PREFIX} (strict xpass): {reason}"
     if _SUITE_ERRORS.match(summary):
         return "error", summary
     kind = next((k for k, pattern in _OWN_KINDS.items() if pattern.match(summary)), "failed")

@@ -6,7 +6,9 @@ check's verdict (its traceback, shrunk example and findings table) comes only at
 :class:`Progress` writes, on lines of their own between the dots:
 
 - ``shardcheck: F1 new finding, CKPT-RT-1: <message> (in <check>)`` and the command that
-  reruns that check, once per finding, when its first check failed;
+  reruns that check, once per finding, when its first check failed; a failure of a check the
+  expected-failures file lists is no news: ``shardcheck: F1 expected finding, ...`` on one
+  line (and ``new finding`` after all, should a check it does not list fail with it too);
 - ``shardcheck: 45 of 267 checks, 2 min 10 s, about 8 min left`` once a minute after the
   first minute (the estimate assumes the remaining checks take the average so far).
 """
@@ -65,17 +67,32 @@ class Progress:
         self.every_s = every_s
         self.started = clock()
         self.next_at = self.started + every_s
-        self.announced: set[str] = set()
+        self.announced: set[str] = set()  # said as new
+        self.expected: set[str] = set()  # said as expected (met in listed checks only)
 
-    def finding(self, finding_id: str, clauses: list[str], message: str, where: str) -> None:
-        """A failure was filed under ``finding_id``: say so if it is new (once per id)."""
+    def finding(
+        self, finding_id: str, clauses: list[str], message: str, where: str, listed: bool = False
+    ) -> bool:
+        """A failure was filed under ``finding_id``: say so if it is new (once per id), or,
+        for a check the expected-failures file lists (``listed``), that it was expected.
+        Returns whether it said a new finding (then its reproducer follows)."""
         if self.write is None or finding_id in self.announced:
-            return
-        self.announced.add(finding_id)
+            return False
+        if listed and finding_id in self.expected:
+            return False
         # the whole headline: what is wrong comes first, and a cut would drop the value
         first = unprefixed(message, clauses) or "(no message)"
+        if listed:
+            self.expected.add(finding_id)
+            self.write(
+                f"shardcheck: {finding_id} expected finding, {', '.join(clauses)}: {first} "
+                f"(in {where}, listed in --expected-failures)"
+            )
+            return False
+        self.announced.add(finding_id)
         self.write(f"shardcheck: {finding_id} new finding, {', '.join(clauses)}: {first}")
         self.write(f"  in {where}")
+        return True
 
     def reproduce(self, command: str) -> None:
         """The command that reruns the check a new finding came from."""

@@ -37,6 +37,7 @@ from harness.conformance.unsupported import CheckWatch, rejecting, skip_exceptio
 from harness.contract import Unsupported
 from harness.report import NOT_RUN, CheckResult, Report, write_report
 from harness.report.cost import cost_of
+from harness.report.model import LISTED_PREFIX
 from harness.report.outcome import Outcome
 from harness.run.session import HarnessSession, session_of
 from harness.run.shrinking import quiet_slow_shrinking
@@ -130,7 +131,7 @@ class ConformancePlugin:
             self.collected_ids.add(check.id)
             reason = self.expected.get(check.id)
             if reason is not None:
-                marker = pytest.mark.xfail(reason=f"expected failure: {reason}", strict=True)
+                marker = pytest.mark.xfail(reason=f"{LISTED_PREFIX}{reason}", strict=True)
                 item.add_marker(marker, append=False)
             if self.patterns and not self._selected(check.clauses):
                 dropped.append(item)
@@ -248,9 +249,14 @@ class ConformancePlugin:
         """One terminal line the moment a finding is new (see :mod:`.progress`)."""
         if finding.id in self.progress.announced:
             return
+        check = self.checks.get(item.nodeid)
+        listed = check is not None and check.id in self.expected
         message = finding.attribution.message
-        self.progress.finding(finding.id, finding.clauses, message, finding.first_check)
-        self.progress.reproduce(facts.reproducer(self.config, item.nodeid, ""))
+        where = finding.first_check
+        if check is not None and not listed and finding.id in self.progress.expected:
+            where = check.id  # first met in listed checks: this one is the news
+        if self.progress.finding(finding.id, finding.clauses, message, where, listed):
+            self.progress.reproduce(facts.reproducer(self.config, item.nodeid, ""))
 
     # -- the end --------------------------------------------------------------------------
 
@@ -321,6 +327,7 @@ class ConformancePlugin:
             },
             expected_failures={
                 "file": self.expected_file,
+                "listed": sorted(set(self.expected) & self.collected_ids),
                 "unmatched": sorted(set(self.expected) - self.collected_ids)
                 + self.triage.late_unmatched(),
                 "late_findings_expected": sorted(self.expected_late),

@@ -59,6 +59,20 @@ def _notes(config: pytest.Config, report: Report) -> list[str]:
         lines.append(
             f"--expected-failures: {len(unmatched)} ids matched no test: {', '.join(unmatched)}"
         )
+    fixed = [c.id for c in report.checks if c.fixed]
+    if fixed:
+        lines.append(
+            f"--expected-failures: {len(fixed)} listed checks now pass (fixed), remove their "
+            f"lines: {', '.join(fixed)}"
+        )
+    listed = set(report.expected_failures.get("listed", []))
+    refused = (Outcome.UNSUPPORTED, Outcome.ENVIRONMENT)
+    stale = [c.id for c in report.checks if c.id in listed and c.outcome in refused]
+    if stale:
+        lines.append(
+            f"--expected-failures: {len(stale)} listed checks are unsupported or environment "
+            f"now (stale), remove their lines: {', '.join(stale)}"
+        )
     return lines
 
 

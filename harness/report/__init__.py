@@ -6,10 +6,13 @@ is listed under ``selection``), each with its outcome, and groups them by the CO
 they declare. :class:`Outcome` (``outcome.py``) says which outcomes fail the run, join a
 finding and count against a clause; every writer asks it. A clause takes the worst outcome of
 its checks, where a check the strategy declared unsupported, or one that needs another
-environment, does not count against one that passed (see ``nonconforming``).
+environment, does not count against one that passed (see ``nonconforming``); a clause and
+its family cells agree by the one rule of [Note: one meaning in the clause table] in
+``model.py``.
 
-``python -m harness.report diff OLD.json NEW.json`` answers "what did this change break?":
-it lists the clauses whose outcome changed, and the checks that were added or removed.
+``python -m harness.report diff OLD.json NEW.json`` answers "what did this change break, and
+what did it fix?"; ``python -m harness.report baseline REPORT_DIR`` writes the
+expected-failures file of a run (``baseline.py``).
 """
 
 from __future__ import annotations

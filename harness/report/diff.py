@@ -1,11 +1,23 @@
 """``python -m harness.report diff OLD NEW``: what changed between two runs.
 
-The torch-upgrade question ("what did the new version break?"): the clauses whose outcome
-changed (with the checks that moved), the clauses and checks that were added or removed, and
-what got worse: a check that fails now and did not before (it passed, was refused, or did
-not exist), a finding whose signature the old run did not have. OLD and NEW are report.json
-files or the directories holding them. The command exits 1 when something got worse (a CI
-gate), 0 otherwise, and 2 when a file is not a readable report.
+The torch-upgrade question ("what did the new version break?") and the baseline's
+("what did this pull request fix?"): the clauses whose outcome changed (with the checks that
+moved), the clauses and checks that were added or removed, and
+
+- what got worse: a check that fails now and did not fail (or fail as listed) before (it
+  passed, was refused, or did not exist), a finding whose signature the old run did not
+  have, a clause that some check tested before and none tests now (its checks became
+  ``unsupported`` or ``environment``);
+- what got fixed: a check that did not conform (it failed, or failed as listed) and passes
+  now, a listed one included (its strict xpass fails the run, but it is a fix): its line
+  comes out of the baseline;
+- what went stale: a check that did not conform and is ``unsupported`` or ``environment``
+  now: its line comes out of the baseline too, and the clauses it leaves without a check
+  that ran are named (and are worse).
+
+OLD and NEW are report.json files or the directories holding them. The command exits 1 when
+something got worse (a CI gate), 0 otherwise (fixes alone included), and 2 when a file is not
+a readable report.
 """
 
 from __future__ import annotations
@@ -17,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.report.baseline import render_baseline, report_path
-from harness.report.model import Report, ReportError, clause_outcomes, load_report
+from harness.report.model import CheckResult, Report, ReportError, clause_outcomes, load_report
 from harness.report.outcome import Outcome
 
 __all__ = ["ReportDiff", "diff_reports", "format_diff", "main"]
@@ -36,15 +48,23 @@ class ReportDiff:
     findings_gone: list[tuple[str, str]] = field(default_factory=list)
     #: checks that fail now and did not before: (check, old outcome or "absent", new outcome)
     worse: list[tuple[str, str, str]] = field(default_factory=list)
+    #: checks that did not conform and pass now (passed, or passed although listed)
+    fixed: list[tuple[str, str, str]] = field(default_factory=list)
+    #: checks that did not conform and are unsupported or environment now
+    stale: list[tuple[str, str, str]] = field(default_factory=list)
+    #: clauses a check tested before and none tests now: (clause, the checks refused now)
+    uncovered: list[tuple[str, list[str]]] = field(default_factory=list)
 
     @property
     def got_worse(self) -> bool:
-        """True when a check fails that did not, or a finding is new: the gate's answer."""
-        return bool(self.worse or self.findings_new)
+        """True when a check fails that did not, a finding is new, or a clause lost every
+        check that tested it: the gate's answer."""
+        return bool(self.worse or self.findings_new or self.uncovered)
 
     @property
     def empty(self) -> bool:
-        """True when no clause outcome changed and no clause or check came or went."""
+        """True when no clause outcome changed, no clause or check came or went, and nothing
+        was fixed or went stale."""
         return not (
             self.changed
             or self.clauses_added
@@ -53,11 +73,51 @@ class ReportDiff:
             or self.checks_removed
             or self.findings_new
             or self.findings_gone
+            or self.fixed
+            or self.stale
+            or self.uncovered
         )
 
 
+def _word(check: CheckResult | None) -> str:
+    """A check's outcome as the diff prints it (``passed (listed)`` for a fixed check)."""
+    if check is None:
+        return "absent"
+    return "passed (listed)" if check.fixed else check.outcome
+
+
+def _tested(check: CheckResult) -> bool:
+    """Whether the check tested its clauses' properties (it ran: passed or failed)."""
+    return not Outcome(check.outcome).did_not_run
+
+
+_REFUSED = (Outcome.UNSUPPORTED, Outcome.ENVIRONMENT)
+
+
+def _uncovered(old: Report, new: Report) -> list[tuple[str, list[str]]]:
+    """Clauses of both runs that a check tested in ``old`` and none tests in ``new``,
+    because a check that tested them is ``unsupported`` or ``environment`` now."""
+    was = {c.id: c for c in old.checks}
+    by_clause: dict[str, list[CheckResult]] = {}
+    for check in new.checks:
+        for clause in check.clauses:
+            by_clause.setdefault(clause, []).append(check)
+    tested_before = {cl for c in old.checks if _tested(c) for cl in c.clauses}
+    lost = []
+    for clause, members in sorted(by_clause.items()):
+        if clause not in tested_before or any(_tested(c) for c in members):
+            continue
+        refused = [
+            c.id for c in members if c.outcome in _REFUSED and c.id in was and _tested(was[c.id])
+        ]
+        if refused:
+            lost.append((clause, refused))
+    return lost
+
+
 def diff_reports(old: Report, new: Report) -> ReportDiff:
-    """Compare two reports: clause outcomes that changed, clauses and checks added/removed."""
+    """Compare two reports: clause outcomes that changed, clauses and checks added/removed,
+    and the checks that got worse, were fixed or went stale."""
     old_clauses = clause_outcomes(old.checks, old.findings)
     new_clauses = clause_outcomes(new.checks, new.findings)
     was_found = {f.signature for f in old.findings}
@@ -69,22 +129,33 @@ def diff_reports(old: Report, new: Report) -> ReportDiff:
         (was, old_members), (now, new_members) = old_clauses[clause], new_clauses[clause]
         if was == now:
             continue
-        before = {c.id: c.outcome for c in old_members}
-        after = {c.id: c.outcome for c in new_members}
+        before = {c.id: _word(c) for c in old_members}
+        after = {c.id: _word(c) for c in new_members}
         moved = [
             (cid, before.get(cid, "absent"), after.get(cid, "absent"))
             for cid in sorted(before.keys() | after.keys())
             if before.get(cid) != after.get(cid)
         ]
         changed.append((clause, was, now, moved))
-    worse = [
-        (cid, old_checks[cid].outcome if cid in old_checks else "absent", check.outcome)
-        for cid, check in new_checks.items()
-        if Outcome(check.outcome).fails_run
-        and not (cid in old_checks and Outcome(old_checks[cid].outcome).fails_run)
-    ]
+    listed = set(new.expected_failures.get("listed", []))
+    worse, fixed, stale = [], [], []
+    for cid, check in new_checks.items():
+        earlier = old_checks.get(cid)
+        did_not_conform = earlier is not None and earlier.nonconforming
+        row = (cid, _word(earlier), _word(check))
+        if Outcome(check.outcome).fails_run and not check.fixed and not did_not_conform:
+            worse.append(row)
+        elif did_not_conform and (check.fixed or check.outcome == Outcome.PASSED):
+            fixed.append(row)
+        elif (did_not_conform or cid in listed) and check.outcome in _REFUSED:
+            stale.append(row)
+        elif check.fixed and not did_not_conform:  # listed, and it passed before too
+            fixed.append(row)
     return ReportDiff(
         worse=worse,
+        fixed=fixed,
+        stale=stale,
+        uncovered=_uncovered(old, new),
         changed=changed,
         clauses_added=[(c, new_clauses[c][0]) for c in sorted(new_clauses.keys() - old_clauses)],
         clauses_removed=[(c, old_clauses[c][0]) for c in sorted(old_clauses.keys() - new_clauses)],
@@ -117,13 +188,35 @@ def format_diff(diff: ReportDiff, old: Report, new: Report, old_path: str, new_p
     if diff.empty:
         return "\n".join([*lines, "no change: every clause has the same outcome and checks."])
     if diff.got_worse:
+        untested = f", {len(diff.uncovered)} clauses no check tests now" if diff.uncovered else ""
         lines.append(
             f"worse: {len(diff.worse)} checks fail that did not, "
-            f"{len(diff.findings_new)} new findings"
+            f"{len(diff.findings_new)} new findings{untested}"
         )
         lines += [f"  {cid}: {was} -> {now}" for cid, was, now in diff.worse]
+        lines += [
+            f"  {clause}: no check tests it now ({', '.join(ids)} refused now)"
+            for clause, ids in diff.uncovered
+        ]
     else:
         lines.append("not worse: no check fails that did not, no finding is new")
+    if diff.fixed:
+        lines.append(
+            f"fixed: {len(diff.fixed)} listed checks now pass, remove them from the baseline"
+        )
+        lines += [f"  {cid}: {was} -> {now}" for cid, was, now in diff.fixed]
+    if diff.stale:
+        lines.append(
+            f"stale: {len(diff.stale)} listed checks are unsupported or environment now, "
+            "remove them from the baseline"
+        )
+        lost: dict[str, list[str]] = {}
+        for clause, ids in diff.uncovered:
+            for cid in ids:
+                lost.setdefault(cid, []).append(clause)
+        for cid, was, now in diff.stale:
+            cost = f" ({', '.join(lost[cid])}: no check that ran now)" if cid in lost else ""
+            lines.append(f"  {cid}: {was} -> {now}{cost}")
     lines.append(f"clauses whose outcome changed: {len(diff.changed)}")
     for clause, was, now, moved in diff.changed:
         lines.append(f"  {clause}: {was} -> {now}")

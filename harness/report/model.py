@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,12 +14,15 @@ __all__ = [
     "BLOCKED",
     "CONFORMING",
     "CONFORMING_OFFERED",
+    "FAILED_WITH",
+    "LISTED_PREFIX",
     "NOT_RUN",
     "NO_CLAUSE",
     "OUTCOMES",
     "READABLE_SCHEMAS",
     "SCHEMA_VERSION",
     "SEVERITY",
+    "XPASS_PREFIX",
     "CheckResult",
     "FindingResult",
     "Report",
@@ -62,6 +65,14 @@ CONFORMING = frozenset(o.value for o in Outcome if o.conforms(whole_space=True))
 #: :func:`nonconforming`).
 CONFORMING_OFFERED = frozenset(o.value for o in Outcome if o.conforms(whole_space=False))
 NO_CLAUSE = "(no clause)"
+#: How a listed check's xfail reason starts (``expected failure: <the file's reason>``), and
+#: what joins it to the failure it met: an ``xfailed`` check's ``failure`` is
+#: ``expected failure: <reason>; it failed with: <failure>``.
+LISTED_PREFIX = "expected failure: "
+FAILED_WITH = "; it failed with: "
+#: How the ``failure`` of a listed check that passed starts (pytest's strict xpass): its outcome
+#: is ``failed``, as it fails the run, but it is a fix, not a failure (:attr:`CheckResult.fixed`).
+XPASS_PREFIX = "passed although listed as an expected failure"
 
 
 class ReportError(ValueError):
@@ -111,9 +122,34 @@ class CheckResult:
                 f"use one of {', '.join(OUTCOMES)}."
             )
 
+    @property
+    def fixed(self) -> bool:
+        """Whether the check passed although the expected-failures file lists it (a strict
+        xpass): the run fails on it, but what it asks for is to take its line out."""
+        return self.outcome == Outcome.FAILED and (self.failure or "").startswith(XPASS_PREFIX)
+
+    @property
+    def nonconforming(self) -> bool:
+        """Whether the check did not conform: its outcome fails the run (a fixed check
+        excepted) or it failed as listed (``xfailed``): what a baseline lists."""
+        return Outcome(self.outcome).is_failure and not self.fixed
+
+    def own_failure(self) -> str:
+        """``failure`` without what a listing added: an ``xfailed`` check's text is the failure
+        it met, not ``expected failure: <reason>; it failed with: ...`` (the reason may hold
+        an earlier run's text; the failure itself comes last)."""
+        text = self.failure or ""
+        if self.outcome == Outcome.XFAILED and text.startswith(LISTED_PREFIX):
+            _, found, rest = text.rpartition(FAILED_WITH)
+            return rest if found else text.removeprefix(LISTED_PREFIX)
+        return text
+
     def clause_outcome(self, clause: str) -> str:
         """This check's outcome for one of its clauses: a failure attributed to another of
-        its clauses leaves this one ``blocked`` (not verified), not failed."""
+        its clauses leaves this one ``blocked`` (not verified), not failed; a listed check that
+        passed (:attr:`fixed`) reads ``passed``: its property held."""
+        if self.fixed:
+            return Outcome.PASSED.value
         failing = self.outcome in (Outcome.FAILED, Outcome.DESYNC, Outcome.HANG)
         if failing and self.attributed_to and clause not in self.attributed_to:
             return BLOCKED
@@ -338,24 +374,17 @@ def _finding_outcome(hit: Sequence[CheckResult]) -> str:
     return Outcome.FAILED.value
 
 
-def clause_outcomes(
+def _grouped(
     checks: Sequence[CheckResult],
-    findings: Sequence[FindingResult] = (),
-    family: str | None = None,
-) -> dict[str, tuple[str, list[CheckResult]]]:
-    """Group checks by clause: ``{clause: (worst outcome, its checks)}``, clauses sorted.
-
-    A check counts for each clause it declares with :meth:`CheckResult.clause_outcome`; a
-    finding fails each clause it breaks (a clause the failing checks do not declare, such as
-    the one that blocked them or one violated late, included).
-
-    Args:
-        checks: the checks.
-        findings: the run's findings.
-        family: only checks of this family, when given (a check of no one family says
-            nothing about one family: its examples may all have been of the other).
-    """
-    chosen = [c for c in checks if family is None or c.family == family]
+    findings: Sequence[FindingResult],
+    families: Collection[str] | None = None,
+) -> dict[str, tuple[list[str], list[CheckResult]]]:
+    """``{clause: (the outcomes it counts, its checks)}`` over the checks of ``families``
+    (``""``: of no one family; None: every check), clauses sorted: a check counts for each
+    clause it declares with :meth:`CheckResult.clause_outcome`; a finding counts for each
+    clause it breaks (one the failing checks do not declare, such as the one that blocked
+    them or one violated late, included), over its checks kept."""
+    chosen = [c for c in checks if families is None or c.family in families]
     groups: dict[str, list[CheckResult]] = {}
     outcomes: dict[str, list[str]] = {}
     for check in chosen:
@@ -365,18 +394,42 @@ def clause_outcomes(
     by_id = {c.id: c for c in chosen}
     for finding in findings:
         hit = [by_id[i] for i in finding.checks if i in by_id]
-        if family is not None:  # a finding counts for a family where its checks name it
-            hit = [c for c in hit if c.family == family]
         if not hit:
             continue
         for clause in finding.clauses:
             groups.setdefault(clause, [])
             groups[clause] += [c for c in hit if c not in groups[clause]]
             outcomes.setdefault(clause, []).append(_finding_outcome(hit))
-    return {
-        clause: (offered_outcome(outcomes[clause]), members)
-        for clause, members in sorted(groups.items())
-    }
+    return {clause: (outcomes.get(clause, []), groups[clause]) for clause in sorted(groups)}
+
+
+def clause_outcomes(
+    checks: Sequence[CheckResult],
+    findings: Sequence[FindingResult] = (),
+    family: str | None = None,
+) -> dict[str, tuple[str, list[CheckResult]]]:
+    """Group checks by clause: ``{clause: (its outcome, its checks)}``, clauses sorted, each
+    outcome by the rule of [Note: one meaning in the clause table]: a clause with family
+    cells (:func:`clause_family_outcomes`) is its cells put together, with its checks of no
+    one family; any other is its checks put together (:func:`offered_outcome`).
+
+    Args:
+        checks: the checks.
+        findings: the run's findings.
+        family: only checks of this family, when given (their outcomes put together as
+            they are: no cells).
+    """
+    if family is not None:
+        own = _grouped(checks, findings, (family,))
+        return {cl: (offered_outcome(outcomes), members) for cl, (outcomes, members) in own.items()}
+    cells = clause_family_outcomes(checks, findings)
+    familyless = _grouped(checks, findings, ("",))
+    table = {}
+    for clause, (outcomes, members) in _grouped(checks, findings).items():
+        if clause in cells:
+            outcomes = [*cells[clause].values(), *familyless.get(clause, ([], []))[0]]
+        table[clause] = (offered_outcome(outcomes), members)
+    return table
 
 
 def against(clause: str, members: Iterable[CheckResult]) -> list[CheckResult]:
@@ -397,21 +450,40 @@ def environment_note(clause: str, members: Iterable[CheckResult]) -> str:
 def clause_family_outcomes(
     checks: Sequence[CheckResult], findings: Sequence[FindingResult] = ()
 ) -> dict[str, dict[str, str]]:
-    """``{clause: {family: outcome}}`` for the families the checks name (fsdp,
-    model_parallel): a family's outcome counts only the checks of that family (a check of no
-    one family, such as one that draws its family, counts in the clause's outcome only). A
-    family whose every check the strategy declared unsupported is not offered: its column
-    is ``unsupported`` wherever it has checks. A clause none of whose checks names a family
-    has no entry."""
+    """``{clause: {family: outcome}}``: the family cells of the clause table, for each clause
+    some check of which names a family (fsdp, fsdp2, model_parallel), by the rule of
+    [Note: one meaning in the clause table]. A clause none of whose checks names a family has
+    no entry.
+
+    [Note: one meaning in the clause table] Outcomes are put together one way everywhere
+    (:func:`offered_outcome`): the worst of those that count against a clause; when none
+    does, ``passed`` if one passed, else the worst of the rest. A family is *offered* when
+    some check of it is not ``unsupported``. A clause's cell for a family puts together that
+    family's checks of the clause and, where the strategy offers the family, the clause's
+    checks of no one family (a check that draws its family ran on the families offered, so
+    on any of them); a family not offered reads ``unsupported`` where the clause has checks of
+    it. The clause's outcome puts together its cells and its checks of no one family. So the
+    two agree: a clause is ``failed`` exactly when one of its cells is (or, where it has no
+    cell of an offered family, a check of no one family failed), and a clause reads
+    ``passed`` beside an ``unsupported`` cell when it passed on the families offered.
+    """
     families = sorted({c.family for c in checks if c.family})
     split = {cl for c in checks if c.family for cl in c.clauses}
+    offered = {
+        f
+        for f in families
+        if any(c.outcome != Outcome.UNSUPPORTED for c in checks if c.family == f)
+    }
     table: dict[str, dict[str, str]] = {}
     for family in families:
-        own = [c for c in checks if c.family == family]
-        offered = any(c.outcome != "unsupported" for c in own)
-        for clause, (outcome, members) in clause_outcomes(checks, findings, family).items():
-            if clause in split and any(c.family == family for c in members):
-                table.setdefault(clause, {})[family] = outcome if offered else "unsupported"
+        kept = (family, "") if family in offered else (family,)
+        cell = _grouped(checks, findings, kept)
+        for clause, (outcomes, members) in cell.items():
+            own = any(c.family == family for c in members)
+            if clause not in split or not (own or family in offered):
+                continue
+            value = offered_outcome(outcomes) if family in offered else Outcome.UNSUPPORTED.value
+            table.setdefault(clause, {})[family] = value
     return dict(sorted(table.items()))
 
 

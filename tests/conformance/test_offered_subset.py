@@ -4,6 +4,9 @@ leave out a family the strategy refused entirely."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from harness.report import (
     CheckResult,
     FindingResult,
@@ -14,6 +17,7 @@ from harness.report import (
     nonconforming,
     offered_outcome,
     render_summary,
+    write_report,
 )
 from harness.report.verdict import verdict
 
@@ -76,9 +80,11 @@ def test_the_declared_values_are_listed_once_each() -> None:
     ]
 
 
-def test_no_family_is_charged_with_checks_of_no_family() -> None:
-    """A check of no one family (its examples may all have been of one family) fails the
-    clause, not a family's column: neither the refused family nor the one that passed."""
+def test_a_check_of_no_family_counts_in_each_family_offered() -> None:
+    """A check of no one family (it draws its family) ran on the families the strategy
+    offers: its failure reads in the cell of each of them and in the clause, not in the cell
+    of the family the strategy refused (the table once read fsdp=passed beside a failed
+    clause)."""
     checks = [*FSDP_ONLY, check("teardown", "failed", "", finding="F1")]
     finding = FindingResult(
         id="F1",
@@ -92,9 +98,9 @@ def test_no_family_is_charged_with_checks_of_no_family() -> None:
         found_after_s=1.0,
     )
     by_family = clause_family_outcomes(checks, [finding])
-    assert by_family["CKPT-RT-1"] == {"fsdp": "passed", "model_parallel": "unsupported"}
+    assert by_family["CKPT-RT-1"] == {"fsdp": "failed", "model_parallel": "unsupported"}
     assert clause_outcomes(checks, [finding])["CKPT-RT-1"][0] == "failed"
-    # a failure of the family's own check still reads in its column
+    # a failure of the family's own check reads in its column alone
     own = [*FSDP_ONLY, check("rt[fsdp-2]", "failed", "fsdp", finding="F1")]
     finding.checks = ["rt[fsdp-2]"]
     assert clause_family_outcomes(own, [finding])["CKPT-RT-1"]["fsdp"] == "failed"
@@ -121,7 +127,8 @@ def test_the_verdict_passes_a_subset_unless_the_whole_space_is_required() -> Non
 def test_the_first_column_points_at_what_decided_the_clause() -> None:
     """A strategy that refuses the fsdp family: its fsdp checks are unsupported, a check of no
     family failed. The clause row names the failed check first, counts only it against the
-    clause, and reads fsdp=unsupported (not failed)."""
+    clause, and reads fsdp=unsupported (not failed) and model_parallel=failed (the family the
+    failed check ran on, as the only one offered)."""
     checks = [
         check("rt[fsdp-a]", "unsupported", "fsdp"),
         check("rt[fsdp-b]", "unsupported", "fsdp"),
@@ -134,7 +141,7 @@ def test_the_first_column_points_at_what_decided_the_clause() -> None:
         if line.startswith("| CKPT-RT-1 |")
     )
     assert row == (
-        "| CKPT-RT-1 | failed | fsdp=unsupported, model_parallel=passed | 1 of 4 | `rt[drawn]` |"
+        "| CKPT-RT-1 | failed | fsdp=unsupported, model_parallel=failed | 1 of 4 | `rt[drawn]` |"
     )
 
 
@@ -150,3 +157,97 @@ def test_a_clause_no_check_counts_against_says_why_in_the_first_column() -> None
         if line.startswith("| CKPT-RT-1 |")
     )
     assert row.endswith("| 0 of 2 | (every check declared unsupported) |"), row
+
+
+def _finding(id: str, clause: str, checks: list[str]) -> FindingResult:
+    return FindingResult(id=id, clauses=[clause], signature=id, message="m", checks=checks)
+
+
+def _one_family_run() -> Report:
+    """An fsdp2 strategy (it refuses fsdp and model_parallel) measured as the user of issue
+    46 was: AC-1 and CLIP-1 fail in checks that draw their family, MP-3 passes in a check of
+    no one family beside its refused model_parallel checks, CKPT-RT-1 fails in an fsdp2 check,
+    TRAIN-1 passes."""
+
+    def one(id: str, clauses: list[str], outcome: str, family: str = "") -> CheckResult:
+        failing = outcome == "failed"
+        return CheckResult(
+            id=id,
+            clauses=clauses,
+            outcome=outcome,
+            family=family,
+            finding=f"F-{id}" if failing else None,
+            attributed_to=clauses[:1] if failing else [],
+            failure="unsupported: family=x (no)" if outcome == "unsupported" else None,
+        )
+
+    checks = [
+        one("ac[fsdp2]", ["AC-1"], "passed", "fsdp2"),
+        one("ac[fsdp]", ["AC-1"], "unsupported", "fsdp"),
+        one("ac_drawn", ["AC-1"], "failed"),
+        one("clip[fsdp2]", ["CLIP-1"], "passed", "fsdp2"),
+        one("clip_drawn", ["CLIP-1"], "failed"),
+        one("rt[model_parallel]", ["MP-3"], "unsupported", "model_parallel"),
+        one("resume", ["CKPT-RT-5", "MP-3"], "passed"),
+        one("rt[fsdp2]", ["CKPT-RT-1"], "failed", "fsdp2"),
+        one("rt[fsdp]", ["CKPT-RT-1"], "unsupported", "fsdp"),
+        one("train[fsdp2]", ["TRAIN-1"], "passed", "fsdp2"),
+    ]
+    findings = [_finding(f"F-{c.id}", c.clauses[0], [c.id]) for c in checks if c.finding]
+    report = _report(checks)
+    report.findings = findings
+    return report
+
+
+def _table(text: str, head: str) -> list[dict[str, str]]:
+    """The rows of the Markdown table whose header row starts with ``head``, by column."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(head))
+    names = [cell.strip() for cell in lines[start].strip("|").split("|")]
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows.append(dict(zip(names, cells, strict=True)))
+    return rows
+
+
+def test_the_clause_table_has_one_meaning(tmp_path: Path) -> None:
+    """A clause and its family cells agree by the rule of [Note: one meaning in the clause
+    table]: report.json, report.md and summary.md of a one-family strategy read a clause
+    ``failed`` exactly when a cell does, the offered family's cell as the clause, and a
+    clause that passed on the family offered ``passed`` beside its refused family."""
+    files = write_report(_one_family_run(), tmp_path)
+    data = json.loads(files.json.read_text())
+    clauses, cells = data["clauses"], data["clauses_by_family"]
+    assert clauses == {
+        "AC-1": "failed",
+        "CKPT-RT-1": "failed",
+        "CKPT-RT-5": "passed",
+        "CLIP-1": "failed",
+        "MP-3": "passed",
+        "TRAIN-1": "passed",
+    }
+    assert cells["AC-1"] == {"fsdp": "unsupported", "fsdp2": "failed"}
+    assert cells["CLIP-1"] == {"fsdp2": "failed"}
+    assert cells["MP-3"] == {"fsdp2": "passed", "model_parallel": "unsupported"}
+    for clause, outcome in clauses.items():
+        row = cells.get(clause, {})
+        assert (outcome == "failed") == ("failed" in row.values()), clause
+        if "fsdp2" in row:  # the one family offered reads as its clause
+            assert row["fsdp2"] == outcome, clause
+
+    table = _table(files.markdown.read_text(), "| clause | outcome |")
+    assert {r["clause"]: r["outcome"] for r in table} == clauses
+    for row in table:
+        cell = {f: row[f] for f in ("fsdp", "fsdp2", "model_parallel") if row[f] != "-"}
+        assert cell == cells.get(row["clause"], {}), row
+    summary = _table(files.summary.read_text(), "| clause | outcome |")
+    assert {r["clause"]: r["outcome"] for r in summary} == {
+        c: o for c, o in clauses.items() if o != "passed"
+    }
+    for row in summary:
+        split = dict(pair.split("=") for pair in row["by family"].split(", ") if pair)
+        assert split == cells.get(row["clause"], {}), row
+    assert "Passed (3): CKPT-RT-5, MP-3, TRAIN-1" in files.summary.read_text()

@@ -37,6 +37,22 @@ def test_a_finding_is_announced_once_with_its_reproducer() -> None:
     ]
 
 
+def test_a_listed_failure_is_expected_not_new() -> None:
+    """A green run whose only failures are listed prints no ``new finding`` line; the same
+    finding met in a check the file does not list is news after all."""
+    lines: list[str] = []
+    progress = Progress(lines.append)
+    assert not progress.finding("F1", ["CKPT-LOAD-1"], "state lost", "t.a", listed=True)
+    assert not progress.finding("F1", ["CKPT-LOAD-1"], "state lost", "t.b", listed=True)
+    assert lines == [
+        "shardcheck: F1 expected finding, CKPT-LOAD-1: state lost "
+        "(in t.a, listed in --expected-failures)"
+    ]
+    assert progress.finding("F1", ["CKPT-LOAD-1"], "state lost", "t.c")
+    assert lines[1:] == ["shardcheck: F1 new finding, CKPT-LOAD-1: state lost", "  in t.c"]
+    assert not any("new finding" in line for line in lines[:1])
+
+
 def test_progress_once_a_minute_with_an_estimate() -> None:
     lines: list[str] = []
     clock = Clock()

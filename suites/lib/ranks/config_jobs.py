@@ -36,6 +36,7 @@ from suites.lib.shared.models import Block, build_model
 from suites.lib.shared.specs import Scenario
 
 __all__ = [
+    "EVERY_FAMILY",
     "PRECISIONS",
     "PUBLIC_SHARDING",
     "SELF_SHARDING",
@@ -283,11 +284,13 @@ def offload_rank(ctx: Any) -> dict[str, Any]:
 # --- CFG-7..CFG-10 (test_config_general.py) --------------------------------------------
 
 PRECISIONS = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")
+#: CFG-7 and CFG-10 speak of every family: each one the strategy offers is checked
+EVERY_FAMILY = ("fsdp", "model_parallel", "fsdp2")
 
 
 def precision_rank(ctx: Any, bad: list[Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for family in supported_families(ctx):
+    for family in supported_families(ctx, EVERY_FAMILY):
         for precision in PRECISIONS:
             try:
                 plugin = build(ctx, family, precision=precision).precision
@@ -373,6 +376,14 @@ def foreign_options(world: int) -> dict[str, dict[str, Any]]:
             "state_dict_type": "full",
             "device_mesh": (1, world),
         },
+        # fsdp2 reads the fsdp fields that mean the same for fully_shard, not FSDP1's
+        # sharding strategy, and none of model_parallel's
+        "fsdp2": {
+            "sharding_strategy": "NO_SHARD",
+            "data_parallel_size": world,
+            "tensor_parallel_size": 1,
+            "save_distributed_checkpoint": False,
+        },
     }
 
 
@@ -386,13 +397,13 @@ def honour_rank(ctx: Any) -> dict[str, tuple[str, str]]:
         return lambda: build(ctx, family, **options).setup_module(build_model(SPEC))
 
     out = {}
-    families = supported_families(ctx)
+    families = supported_families(ctx, EVERY_FAMILY)
     for family in families:
         out[f"{family} {UNKNOWN}"] = outcome(attempt(family, extra={UNKNOWN: 1}))
         for option, value in foreign_options(ctx.world_size)[family].items():
             out[f"{family} {option}"] = outcome(attempt(family, **{option: value}))
-    if "fsdp" in families:
-        out["fsdp state_dict_type"] = outcome(attempt("fsdp", state_dict_type="nonsense"))
+    for family in [f for f in ("fsdp", "fsdp2") if f in families]:
+        out[f"{family} state_dict_type"] = outcome(attempt(family, state_dict_type="nonsense"))
     if "model_parallel" not in families:
         return out
     out["model_parallel data_parallel_size"] = outcome(

@@ -387,3 +387,17 @@ def test_human_bytes() -> None:
         "0 B", "903 B", "1023 B", "1 KiB", "6.55 KiB", "415 KiB", "1.2 MiB",
     ]  # fmt: skip
     assert human_bytes(1023 * 1024) == "0.999 MiB"  # never "1.02e+03 KiB"
+
+
+def test_a_cost_of_one_world_size_has_no_projection_anywhere() -> None:
+    one = [m for m in measurements() if m["world_size"] == 1]
+    report = cost_report()
+    report.cost = cost_of(one)
+    page = render_html(report)
+    assert 'id="cost-chart"' in page and 'id="cost-projection"' not in page
+    assert page.count('class="series"') == 3 and "(projected)" not in page
+    assert "No projection: fewer than two world sizes were measured." in page
+    summary = render_summary(report)
+    row = next(line for line in summary.splitlines() if line.startswith("| fsdp |"))
+    assert row == "| fsdp | 415 KiB | 553 KiB | - | - | - |"
+    assert "(projected)" not in render_markdown(report).split("## Cost")[1].split("### Every")[0]

@@ -32,7 +32,10 @@ def test_each_kind_of_failure_is_told_apart() -> None:
             ["CKPT-STRICT-1"],
         ),
         (_a("assertion", "checkpoint_io was readable"), ["API-7"]),
-        (_a("assertion", "rank 1 holds 4.1 MiB of gradients where its share is 1.0 MiB"), ["MEM-1"]),
+        (
+            _a("assertion", "rank 1 holds 4.1 MiB of gradients where its share is 1.0 MiB"),
+            ["MEM-1"],
+        ),
         (
             _a("assertion", "optimizer 0 is not in the standard form (ids 0..n-1 ...)"),
             ["CKPT-TRAINER-1"],  # the data is there, keyed by names: a layout convention

@@ -30,8 +30,8 @@ from harness.report.cost import PROJECTED_WORLDS, footprint, human_bytes
 
 __all__ = ["cost_charts"]
 
-_WIDTH, _HEIGHT = 740, 300
-_LEFT, _PLOT_RIGHT, _TOP, _BOTTOM = 76, 480, 34, 252  # the plot area; the legend is right of it
+_WIDTH, _HEIGHT = 700, 300
+_LEFT, _PLOT_RIGHT, _TOP, _BOTTOM = 72, 446, 34, 252  # the plot area; the legend is right of it
 _INSET = 14  # pixels between the axes and the first and last world size
 _COLOURS = ("#0969da", "#bc4c00", "#8250df", "#1a7f37", "#bf3989", "#4d2d00", "#57606a")
 _SHAPES = ("circle", "square", "triangle", "diamond")

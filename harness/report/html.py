@@ -56,7 +56,8 @@ pre{background:#f6f8fa;padding:6px;white-space:pre-wrap;word-break:break-word;ma
 .chart text{font-size:11px;fill:#57606a}.chart .chart-title{font-size:13px;fill:#1f2328}
 .chart .axis-label{font-size:12px;fill:#1f2328}.chart .legend text{fill:#1f2328}
 .chart .grid{stroke:#eaeef2}.chart .axis{stroke:#8c959f}
-.cost td.b{text-align:right;white-space:nowrap}.cost{width:auto}.cost td.cfg{min-width:18em}
+.cost td.b{text-align:right;white-space:nowrap}.cost{width:auto;font-size:13px}
+.cost td.cfg{min-width:14em}.wide{overflow-x:auto}
 .cost tr.projection td{color:#57606a;font-style:italic}.cost tr.plain td{background:#f6f8fa}
 """
 
@@ -311,7 +312,8 @@ def _cost(report: Report) -> list[str]:
             if law
             else " No projection: fewer than two world sizes were measured."
         )
-        out += [f"<h3>{_e(name)}</h3>", f"<p>{fitted}</p>", *_cost_table(name, family)]
+        table = "".join(_cost_table(name, family))
+        out += [f"<h3>{_e(name)}</h3>", f"<p>{fitted}</p>", f'<div class="wide">{table}</div>']
     count = len(report.cost.get("configurations", []))
     out.append(
         f"<p>{count} configurations measured; report.md lists each, with every rank's bytes "

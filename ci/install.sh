@@ -15,6 +15,10 @@
 # TORCH_VERSION (default 2.13.0), TORCH_SPEC (a full requirement, overrides TORCH_VERSION),
 # SHARDCHECK_EXTRAS (default dev,lightning; empty for none). Prints the torch command it runs;
 # SHARDCHECK_DRY_RUN=1 prints it and stops before making anything.
+#
+# Last, ci/browser.sh installs Debian's chromium for the browser test of report.html where
+# apt-get can and no browser is on PATH (SHARDCHECK_BROWSER=0 skips it); it never fails the
+# install: without a browser that test reads environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${VENV:-.venv}
@@ -83,3 +87,4 @@ if os.environ["SHARDCHECK_TORCH"] == "cpu" and torch.version.cuda:
     print("ci/install.sh: warning: a CUDA build of torch was installed (the CPU index did not "
           "answer); it runs on CPU too, at the cost of its size")
 PY
+bash ci/browser.sh

@@ -5,6 +5,9 @@ The figures come from files runs wrote, never from hand-typed numbers:
 
 - conformance runs: the ``report.json`` a ``--conformance-report DIR`` run wrote (its ``run``
   section holds the command, shardcheck's commit and the machine; ``environment`` the torch);
+  a run whose cost checks ran (``cost``) also gets a row per family in the cost section: the
+  bytes per rank at rest and at the step's peak per world size, the plain model's, and the
+  projection to 8, 64 and 512 ranks;
 - the pool benchmark: the file ``python -m harness.bench --json FILE`` wrote.
 
 Usage (from the repository root)::
@@ -180,6 +183,66 @@ def report_section(source: Source) -> list[str]:
     ]
 
 
+def _facts_line(command: Any, torch: Any, run: dict[str, Any], device: Any = None) -> str:
+    return (
+        f"Command `{command or UNKNOWN}`; torch {_cell(torch)}; machine "
+        f"{_machine(run, device)}; commit {_commit(run)}."
+    )
+
+
+def cost_section(source: Source) -> list[str]:
+    """The lines for one conformance run's cost (none when its cost checks did not run)."""
+    from harness.report.cost import PROJECTED_WORLDS, footprint, human_bytes
+
+    data = _read_json(source.path / "report.json", "report")
+    families = (data.get("cost") or {}).get("families", {})
+    if not families:
+        return []
+    run, env = data.get("run", {}), data.get("environment", {})
+    worlds = sorted({p["world_size"] for f in families.values() for p in f.get("series", [])})
+    heads = ["plain model", *(f"world {w}" for w in worlds)]
+    heads += [f"{w} (projected)" for w in PROJECTED_WORLDS]
+    lines = [
+        f"### {source.label}",
+        "",
+        _facts_line(run.get("command"), env.get("torch"), run, env.get("device")),
+        "",
+        "| family | bytes per rank | " + " | ".join(heads) + " |",
+        "|---|---|" + "---:|" * len(heads),
+    ]
+    laws = []
+    for name, family in families.items():
+        series = {p["world_size"]: p for p in family.get("series", [])}
+        law = family.get("projection") or {}
+        plain = family.get("plain")
+        for what, key in (("at rest", "at_rest"), ("peak of the step", "peak")):
+            cells = [human_bytes(footprint(plain)) if plain and key == "at_rest" else "-"]
+            cells += [
+                human_bytes(series[w][key].get("total", 0)) if w in series else "-" for w in worlds
+            ]
+            cells += [
+                human_bytes(law["at"][str(w)]) if key == "at_rest" and law else "-"
+                for w in PROJECTED_WORLDS
+            ]
+            lines.append(f"| {name} | {what} | " + " | ".join(cells) + " |")
+        if law:
+            measured = ", ".join(str(w) for w in law.get("measured_worlds", []))
+            laws.append(
+                f"{name} {human_bytes(law['fixed'])} + {human_bytes(law['sharded'])} / world "
+                f"(fitted to world sizes {measured})"
+            )
+    lines += [
+        "",
+        "The largest rank of each family's main configuration; at rest is after the optimizer "
+        "step; the plain model's is its params + grads + optimizer in one process. Projected "
+        "figures are not measured: `fixed + sharded / world` by least squares: "
+        + ("; ".join(laws) or "none fitted")
+        + ".",
+        "",
+    ]
+    return lines
+
+
 def bench_section(source: Source) -> list[str]:
     """The lines for one benchmark run."""
     figures = _read_json(source.path, "benchmark")
@@ -187,8 +250,7 @@ def bench_section(source: Source) -> list[str]:
     lines = [
         f"### {source.label}",
         "",
-        f"Command `{run.get('command', UNKNOWN)}`; torch {_cell(run.get('torch'))}; machine "
-        f"{_machine(run)}; commit {_commit(run)}.",
+        _facts_line(run.get("command"), run.get("torch"), run),
         "",
         "| figure | value |",
         "|---|---|",
@@ -222,6 +284,9 @@ def render(reports: Sequence[Source], benches: Sequence[Source]) -> str:
         lines += ["## Conformance runs", ""]
         for source in reports:
             lines += report_section(source)
+    costs = [line for source in reports for line in cost_section(source)]
+    if costs:
+        lines += ["## Cost per rank", "", *costs]
     if benches:
         lines += ["## Pool benchmark", ""]
         for source in benches:

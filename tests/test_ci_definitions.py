@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -134,3 +135,47 @@ def test_every_change_runs_the_readme_test_command() -> None:
     assert "bash ci/test.sh --hypothesis-profile=ci" in every
     readme = (ROOT / "README.md").read_text()
     assert "bash ci/test.sh" in readme
+
+
+def _browser_step(where: Path, *programs: str, **env: str) -> tuple[str, list[str]]:
+    """ci/browser.sh run with only ``programs`` on PATH (fakes, made in the new directory
+    ``where``: ``apt-get`` fails and records its arguments, ``sudo`` and ``env`` run their
+    command, a browser does nothing): its output and the apt-get calls."""
+    bin_dir = where / "bin"
+    bin_dir.mkdir(parents=True)
+    calls = where / "apt-calls"
+    fakes = {
+        "apt-get": f'#!/bin/sh\necho "$*" >> {calls}\nexit 100\n',
+        "sudo": '#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do shift; done\nexec "$@"\n',
+        "env": '#!/bin/sh\nwhile [ "${1#*=}" != "$1" ]; do shift; done\nexec "$@"\n',
+        "true": "#!/bin/sh\nexit 0\n",
+        "chromium": "#!/bin/sh\nexit 0\n",
+    }
+    for name in programs:
+        (bin_dir / name).write_text(fakes[name])
+        (bin_dir / name).chmod(0o755)
+    done = subprocess.run(
+        [shutil.which("bash") or "/bin/bash", str(ROOT / "ci" / "browser.sh")],
+        env={"PATH": str(bin_dir), **env}, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr  # it never fails the install
+    return done.stdout, calls.read_text().splitlines() if calls.exists() else []
+
+
+def test_install_adds_a_browser_or_says_the_browser_test_will_read_environment(
+    tmp_path: Path,
+) -> None:
+    assert "bash ci/browser.sh" in (ROOT / "ci" / "install.sh").read_text()
+    fakes = ("apt-get", "sudo", "true", "env")
+    out, calls = _browser_step(tmp_path / "present", "chromium", *fakes)
+    assert (out, calls) == ("", [])  # a browser on PATH: nothing to do, nothing said
+    out, calls = _browser_step(tmp_path / "off", *fakes, SHARDCHECK_BROWSER="0")
+    assert "SHARDCHECK_BROWSER=0" in out and calls == []
+    out, _ = _browser_step(tmp_path / "bare")
+    assert out == (
+        "ci/install.sh: no chromium (no apt-get): the browser test of report.html will read "
+        "environment\n"
+    )
+    out, calls = _browser_step(tmp_path / "failing", *fakes)
+    assert "(apt-get install chromium failed)" in out and out.count("\n") == 1
+    assert calls == ["-qq install -y chromium", "-qq update"]  # the update failed too

@@ -12,6 +12,8 @@ from types import ModuleType
 import pytest
 
 from harness.report import CheckResult, Report
+from harness.report.cost import cost_of
+from tests.conformance.cost_sample import measurements
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -113,3 +115,35 @@ def test_rank_resources_and_moved_cutoffs_have_rows(tmp_path: Path) -> None:
     assert f"| rank threads, first -> last job (peak) | {threads} |" in text
     assert f"| rank memory, MiB, first -> last job (peak) | {memory} |" in text
     assert "| job cutoffs moved on while ranks worked | 1 |" in text
+
+
+def test_a_run_with_cost_gets_its_bytes_per_rank_with_its_facts(tmp_path: Path) -> None:
+    facts = {
+        "command": "pytest suites/test_cost.py --nproc 4 --hypothesis-profile=ci",
+        "commit": COMMIT,
+        "machine": {"cpu": "Some CPU", "cpus": 2, "arch": "x86_64"},
+    }
+    measured = _report_dir(tmp_path, "cost", facts)
+    document = json.loads((measured / "report.json").read_text())
+    document["cost"] = cost_of(measurements())
+    (measured / "report.json").write_text(json.dumps(document))
+    plain = _report_dir(tmp_path, "plain", facts)  # no cost checks ran: no cost rows
+    script = _script()
+    text = script.render([script.Source("cost", measured), script.Source("plain", plain)], [])
+    cost = text[text.index("## Cost per rank") :]
+    assert "### plain" not in cost and cost.startswith("## Cost per rank\n\n### cost\n")
+    assert (
+        "Command `pytest suites/test_cost.py --nproc 4 --hypothesis-profile=ci`; torch "
+        "2.13.0+cpu; machine 2 CPUs (Some CPU, x86_64), cpu; commit `0123456789ab`." in cost
+    )
+    assert (
+        "| family | bytes per rank | plain model | world 1 | world 2 | world 3 | world 4 "
+        "| 8 (projected) | 64 (projected) | 512 (projected) |" in cost
+    )
+    rest = next(line for line in cost.splitlines() if line.startswith("| fsdp | at rest |"))
+    assert rest.startswith("| fsdp | at rest | 553 KiB | 415 KiB | 207 KiB | 138 KiB | 104 KiB |")
+    assert len(rest.split("|")) == 12  # 10 columns of figures, projected ones filled
+    peak = next(line for line in cost.splitlines() if line.startswith("| fsdp | peak"))
+    assert peak.endswith("| - | - | - |")  # a peak is not projected
+    assert "Projected figures are not measured" in cost and "fsdp 0 B + 415 KiB / world" in cost
+    assert _script().cost_section(script.Source("plain", plain)) == []

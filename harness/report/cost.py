@@ -11,6 +11,11 @@ kind, a full save's peak). :func:`cost_of` keeps them as they came and adds, per
 - ``projection``: the per-rank law fitted to that series by least squares,
   ``bytes = fixed + sharded / world``, and what it gives at 8, 64 and 512 ranks. It is a
   projection from the measured world sizes, not a measurement, and says so.
+
+The writers read it through the helpers below (:func:`human_bytes`, :func:`footprint`,
+:func:`categories`, :func:`collectives_text`, :func:`configuration_row`): report.html draws
+the series as a chart (:mod:`harness.report.chart`) and tables, report.md and summary.md
+print them.
 """
 
 from __future__ import annotations
@@ -18,11 +23,26 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["PROJECTED_WORLDS", "cost_of", "fit"]
+__all__ = [
+    "CATEGORIES",
+    "FOOTPRINT",
+    "PROJECTED_WORLDS",
+    "categories",
+    "collectives_text",
+    "configuration_row",
+    "cost_of",
+    "fit",
+    "footprint",
+    "human_bytes",
+]
 
 #: the world sizes the report projects per-rank bytes to
 PROJECTED_WORLDS = (8, 64, 512)
 _AT_REST = "after the step"
+#: the categories of a rank's bytes, in the order the writers print them (``total`` last)
+CATEGORIES = ("params", "grads", "optimizer", "buffers", "activations", "temporaries", "other")
+#: what the plain model's footprint adds up (the horizontal line of the chart)
+FOOTPRINT = ("params", "grads", "optimizer")
 
 
 def _largest(ranks: list[dict[str, Any]], pick: str, moment: str | None = None) -> dict[str, int]:
@@ -33,8 +53,7 @@ def _largest(ranks: list[dict[str, Any]], pick: str, moment: str | None = None) 
 
 
 def _collectives(ranks: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
-    step = ranks[0]["comm"].get("step", {}) if ranks else {}
-    return {kind: {"count": len(sizes), "bytes": sum(sizes)} for kind, sizes in step.items()}
+    return _by_kind(ranks[0]["comm"].get("step", {}) if ranks else {})
 
 
 def fit(points: Iterable[tuple[int, float]]) -> tuple[float, float] | None:
@@ -86,3 +105,66 @@ def cost_of(measurements: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             else {}
         )
     return {"configurations": configurations, "families": families}
+
+
+def human_bytes(value: float) -> str:
+    """``903 B``, ``6.55 KiB``, ``415 KiB``, ``1.2 MiB``: three significant figures in IEC
+    units (1 KiB = 1024 bytes); report.json keeps the exact bytes."""
+    if abs(value) < 1024:
+        return f"{value:.0f} B"
+    scaled, unit = value / 1024, "KiB"
+    for larger in ("MiB", "GiB", "TiB"):
+        if abs(scaled) < 999.5:
+            break
+        scaled, unit = scaled / 1024, larger
+    return f"{scaled:.3g} {unit}"
+
+
+def footprint(plain: Mapping[str, int]) -> int:
+    """The plain model's params + grads + optimizer state: what one process holds to train it
+    without sharding (activations aside)."""
+    return sum(int(plain.get(key, 0)) for key in FOOTPRINT)
+
+
+def categories(rows: Iterable[Mapping[str, int]]) -> list[str]:
+    """The categories any of ``rows`` holds bytes of, in :data:`CATEGORIES` order (others
+    after, by name), then ``total``: the columns of a table that leaves out empty ones."""
+    rows = list(rows)
+    held = {key for row in rows for key, value in row.items() if value and key != "total"}
+    known = [key for key in CATEGORIES if key in held]
+    return [*known, *sorted(held - set(CATEGORIES)), "total"]
+
+
+def collectives_text(collectives: Mapping[str, Mapping[str, int]]) -> str:
+    """``all_gather 17 (271 KiB), reduce_scatter 9 (138 KiB)``: count and bytes per kind;
+    ``none`` for a step without collectives."""
+    if not collectives:
+        return "none"
+    return ", ".join(
+        f"{kind} {c['count']} ({human_bytes(c['bytes'])})" for kind, c in collectives.items()
+    )
+
+
+def _by_kind(sizes: Mapping[str, list[int]]) -> dict[str, dict[str, int]]:
+    return {kind: {"count": len(s), "bytes": sum(s)} for kind, s in sizes.items()}
+
+
+def configuration_row(measured: Mapping[str, Any]) -> dict[str, Any]:
+    """One configuration of ``configurations`` as the full table prints it: each rank's total
+    at rest after the step, the largest rank's categories at rest and at the peak, rank 0's
+    collectives by phase (count and bytes per kind) and the largest full-save peak (None
+    when the configuration did not save)."""
+    ranks = list(measured.get("ranks", []))
+    saves = [r["save_peak"].get("total", 0) for r in ranks if r.get("save_peak")]
+    return {
+        "configuration": measured["configuration"],
+        "family": measured["family"],
+        "world_size": measured["world_size"],
+        "at_rest_per_rank": [r["rest"].get(_AT_REST, {}).get("total", 0) for r in ranks],
+        "at_rest": _largest(ranks, "rest", _AT_REST),
+        "peak": _largest(ranks, "peak"),
+        "collectives": {
+            phase: _by_kind(kinds) for phase, kinds in (ranks[0]["comm"] if ranks else {}).items()
+        },
+        "save_peak": max(saves) if saves else None,
+    }

@@ -1,8 +1,10 @@
 """``report.html``: one self-contained page to open in a browser.
 
 The verdict, the counts and the run's facts, the findings, the clauses, the coverage matrix
-(clauses by configuration-axis values, :mod:`harness.report.matrix`) and the checks that did
-not pass. No network is needed: the style is inline, there are no scripts, fonts or images.
+(clauses by configuration-axis values, :mod:`harness.report.matrix`), the cost (bytes per rank
+against world size as inline SVG, :mod:`harness.report.chart`, and a table per family) and
+the checks that did not pass. No network is needed: the style and the charts are inline, there
+are no scripts, fonts or images.
 Every text from the run goes through :func:`html.escape` (failure messages hold ``<``, ``>``
 and ``&``); long lists are cut with ``... and N more`` (report.md has them whole).
 """
@@ -12,6 +14,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from harness.report.chart import cost_charts
+from harness.report.cost import FOOTPRINT, categories, footprint, human_bytes
 from harness.report.markdown import clause_coverage_line, coverage_line
 from harness.report.matrix import COVERED, NEVER, REACHED, CoverageMatrix, coverage_matrix
 from harness.report.model import NO_CLAUSE, Report, clause_family_outcomes, clause_outcomes
@@ -48,6 +52,13 @@ pre{background:#f6f8fa;padding:6px;white-space:pre-wrap;word-break:break-word;ma
 .c-covered{background:#2da44e}.c-reached{background:#e16f24}.c-never{background:#cf222e;opacity:.55}
 .c-{background:#eaeef2}
 .key span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;vertical-align:-1px}
+.charts{display:flex;flex-wrap:wrap;gap:12px}.chart{max-width:100%;height:auto}
+.chart text{font-size:11px;fill:#57606a}.chart .chart-title{font-size:13px;fill:#1f2328}
+.chart .axis-label{font-size:12px;fill:#1f2328}.chart .legend text{fill:#1f2328}
+.chart .grid{stroke:#eaeef2}.chart .axis{stroke:#8c959f}
+.cost td.b{text-align:right;white-space:nowrap}.cost{width:auto;font-size:13px}
+.cost td.cfg{min-width:14em}.wide{overflow-x:auto}
+.cost tr.projection td{color:#57606a;font-style:italic}.cost tr.plain td{background:#f6f8fa}
 """
 
 
@@ -211,6 +222,106 @@ def _coverage(report: Report) -> list[str]:
     return [*out, f'<p class="key">{key}</p>', _matrix_table(matrix)]
 
 
+def _bytes_cell(value: int | None) -> str:
+    if value is None:
+        return "<td></td>"
+    return f'<td class="b" title="{value} bytes">{_e(human_bytes(value))}</td>'
+
+
+def _cost_table(name: str, family: dict[str, Any]) -> list[str]:
+    """One family's table: the plain model, each measured world size (at rest and peak by
+    category, collectives of the step by kind) and the projection's rows, marked."""
+    series = family.get("series", [])
+    plain = family.get("plain", {})
+    rest = categories([p["at_rest"] for p in series] + [{k: plain.get(k, 0) for k in FOOTPRINT}])
+    peak = categories(p["peak"] for p in series)
+    kinds = list(dict.fromkeys(k for p in series for k in p["collectives"]))
+    head = (
+        f'<table class="cost" data-family="{_e(name)}"><tr><th rowspan="2">world size</th>'
+        '<th rowspan="2">configuration</th>'
+        f'<th colspan="{len(rest)}">at rest, after the step (largest rank)</th>'
+        f'<th colspan="{len(peak)}">peak of the step (largest rank)</th>'
+        f'<th colspan="{max(len(kinds), 1)}">collectives per step: count, bytes</th></tr><tr>'
+        + "".join(f"<th>{_e(c)}</th>" for c in rest)
+        + "".join(f"<th>{_e(c)}</th>" for c in peak)
+        + ("".join(f"<th>{_e(k)}</th>" for k in kinds) or "<th>kind</th>")
+        + "</tr>"
+    )
+    rows = [head]
+    if plain:
+        cells = "".join(
+            _bytes_cell(
+                footprint(plain) if c == "total" else plain.get(c, 0) if c in FOOTPRINT else None
+            )
+            for c in rest
+        )
+        rows.append(
+            '<tr class="plain"><td>-</td><td class="cfg">plain model: params + grads + '
+            f"optimizer, one process</td>{cells}"
+            f'<td colspan="{len(peak) + max(len(kinds), 1)}"></td></tr>'
+        )
+    for point in series:
+        counted = point["collectives"]
+        rows.append(
+            f'<tr class="measured"><td>{point["world_size"]}</td>'
+            f'<td class="cfg">{_e(point["configuration"])}</td>'
+            + "".join(_bytes_cell(point["at_rest"].get(c, 0)) for c in rest)
+            + "".join(_bytes_cell(point["peak"].get(c, 0)) for c in peak)
+            + (
+                "".join(
+                    f'<td class="b">{counted[k]["count"]}, {_e(human_bytes(counted[k]["bytes"]))}'
+                    "</td>"
+                    if k in counted
+                    else "<td>-</td>"
+                    for k in kinds
+                )
+                or "<td>none</td>"
+            )
+            + "</tr>"
+        )
+    projection = family.get("projection", {})
+    for world, total in projection.get("at", {}).items():
+        rows.append(
+            f'<tr class="projection"><td>{_e(world)} (projected)</td>'
+            '<td class="cfg">projection: fixed + sharded / world, not measured</td>'
+            f'<td colspan="{len(rest) - 1}"></td>{_bytes_cell(total)}'
+            f'<td colspan="{len(peak) + max(len(kinds), 1)}"></td></tr>'
+        )
+    return [*rows, "</table>"]
+
+
+def _cost(report: Report) -> list[str]:
+    families = report.cost.get("families", {}) if report.cost else {}
+    if not families:
+        return []
+    out = [
+        '<h2 id="cost">Cost</h2>',
+        "<p>Bytes per rank at rest after the optimizer step (the largest rank), by world size, "
+        "for each family's main configuration; the dashed line is the plain model's params, "
+        "grads and optimizer state in one process. The projection fits "
+        "<code>bytes = fixed + sharded / world</code> to the measured sizes: it is not a "
+        "measurement.</p>",
+        f'<div class="charts">{"".join(cost_charts(report.cost))}</div>',
+    ]
+    for name, family in families.items():
+        law = family.get("projection", {})
+        fitted = (
+            f" Projection: {_e(human_bytes(law['fixed']))} fixed + "
+            f"{_e(human_bytes(law['sharded']))} / world, fitted to world sizes "
+            f"{_e(', '.join(str(w) for w in law.get('measured_worlds', [])))}."
+            if law
+            else " No projection: fewer than two world sizes were measured."
+        )
+        table = "".join(_cost_table(name, family))
+        out += [f"<h3>{_e(name)}</h3>", f"<p>{fitted}</p>", f'<div class="wide">{table}</div>']
+    count = len(report.cost.get("configurations", []))
+    out.append(
+        f"<p>{count} configurations measured; report.md lists each, with every rank's bytes "
+        "and the collectives of each phase (report.json: <code>cost</code>).</p>"
+    )
+    return out
+
+
 def _not_passed(report: Report) -> list[str]:
     checks = [c for c in report.checks if c.outcome != "passed"]
     if not checks:
@@ -243,6 +354,7 @@ def render_html(report: Report) -> str:
         *_findings(report),
         *_clauses(report),
         *_coverage(report),
+        *_cost(report),
         *_not_passed(report),
         "<p>Every failure with its reproducer: report.md; for tools: report.json.</p>",
     ]

@@ -1,10 +1,19 @@
-"""``report.md``: counts per outcome, the clause table, failures with reproducers."""
+"""``report.md``: counts per outcome, the clause table, the coverage, the cost, failures with
+reproducers."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from harness.clauses import CLAUSES
+from harness.report.cost import (
+    FOOTPRINT,
+    categories,
+    collectives_text,
+    configuration_row,
+    footprint,
+    human_bytes,
+)
 from harness.report.model import (
     NO_CLAUSE,
     CheckResult,
@@ -194,9 +203,114 @@ def _coverage_lines(coverage: dict[str, Any]) -> list[str]:
     return lines + _clause_coverage_lines(coverage)
 
 
+def _categories_text(row: dict[str, int]) -> str:
+    """``104 KiB (params 34.5 KiB, optimizer 69.2 KiB)``: the total, then each category that
+    holds bytes."""
+    parts = [f"{c} {human_bytes(row[c])}" for c in categories([row]) if c != "total"]
+    total = human_bytes(row.get("total", 0))
+    return f"{total} ({', '.join(parts)})" if parts else total
+
+
+def _family_cost_lines(name: str, family: dict[str, Any]) -> list[str]:
+    series = family.get("series", [])
+    plain = family.get("plain", {})
+    rest = categories([p["at_rest"] for p in series] + [{k: plain.get(k, 0) for k in FOOTPRINT}])
+    peak = categories(p["peak"] for p in series)
+    blank_peak = " |" * len(peak)
+    law = family.get("projection", {})
+    lines = ["", f"### {name}", ""]
+    if law:
+        worlds = ", ".join(str(w) for w in law.get("measured_worlds", []))
+        lines += [
+            f"Projection: {human_bytes(law['fixed'])} fixed + {human_bytes(law['sharded'])} / "
+            f"world ({law['fixed']} + {law['sharded']} / world bytes), fitted by least squares "
+            f"to world sizes {worlds}; {law.get('note', 'not measured')}.",
+            "",
+        ]
+    lines += [
+        "| world size | configuration | "
+        + "".join(f"at rest: {c} | " for c in rest)
+        + "".join(f"peak: {c} | " for c in peak)
+        + "collectives per step |",
+        "|---|---|" + "---:|" * (len(rest) + len(peak)) + "---|",
+    ]
+    if plain:
+        cells = "".join(
+            f"{human_bytes(footprint(plain) if c == 'total' else plain.get(c, 0))} | "
+            if c in (*FOOTPRINT, "total")
+            else " |"
+            for c in rest
+        )
+        lines.append(
+            f"| - | plain model: params + grads + optimizer, one process | {cells}{blank_peak} |"
+        )
+    for p in series:
+        lines.append(
+            f"| {p['world_size']} | {_cell(p['configuration'])} | "
+            + "".join(f"{human_bytes(p['at_rest'].get(c, 0))} | " for c in rest)
+            + "".join(f"{human_bytes(p['peak'].get(c, 0))} | " for c in peak)
+            + f"{collectives_text(p['collectives'])} |"
+        )
+    for world, total in law.get("at", {}).items():
+        blank_rest = " |" * (len(rest) - 1)
+        lines.append(
+            f"| {world} (projected) | projection: fixed + sharded / world, not measured |"
+            f"{blank_rest} {human_bytes(total)} |{blank_peak} |"
+        )
+    return lines
+
+
+def _configuration_lines(configurations: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "",
+        "### Every configuration measured",
+        "",
+        "The largest rank's bytes, unless a column says otherwise; collectives are rank 0's, "
+        "by phase (`accumulate`: the micro-batches inside `no_backward_sync`; `step`: the "
+        "synchronized micro-batch).",
+        "",
+        "| configuration | family | world size | at rest, each rank | at rest | peak of the step "
+        "| collectives by phase | full save peak |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for measured in configurations:
+        row = configuration_row(measured)
+        phases = "; ".join(
+            f"{phase}: {collectives_text(kinds)}" for phase, kinds in row["collectives"].items()
+        )
+        save = "-" if row["save_peak"] is None else human_bytes(row["save_peak"])
+        lines.append(
+            f"| {_cell(row['configuration'])} | {row['family']} | {row['world_size']} | "
+            + ", ".join(human_bytes(b) for b in row["at_rest_per_rank"])
+            + f" | {_categories_text(row['at_rest'])} | {_categories_text(row['peak'])} | "
+            f"{_cell(phases or 'none')} | {save} |"
+        )
+    return lines
+
+
+def _cost_lines(cost: dict[str, Any]) -> list[str]:
+    families = cost.get("families", {}) if cost else {}
+    if not families:
+        return []
+    lines = [
+        "",
+        "## Cost",
+        "",
+        "Bytes per rank (KiB and MiB are 1024 and 1024² bytes; report.json's `cost` has the "
+        "exact figures). Per family, its main configuration at each world size: the largest "
+        "rank's bytes at rest after the optimizer step and at the step's peak, by category, and "
+        "the collectives of the synchronized micro-batch, count and bytes by kind; the plain "
+        "model's row is what one process holds to train it unsharded. Projected rows are not "
+        "measured: they extend `bytes = fixed + sharded / world`, fitted to the measured sizes.",
+    ]
+    for name, family in families.items():
+        lines += _family_cost_lines(name, family)
+    return lines + _configuration_lines(cost.get("configurations", []))
+
+
 def render_markdown(report: Report) -> str:
     """``report.md``: counts, the findings, the clause table (by family where checks name
-    one), the configuration coverage, failures, then checks not run."""
+    one), the configuration coverage, the cost, failures, then checks not run."""
     lines = _header_lines(report)
     lines += _finding_lines(report)
     by_family = clause_family_outcomes(report.checks, report.findings)
@@ -217,6 +331,7 @@ def render_markdown(report: Report) -> str:
         split = "".join(f"{by_family.get(clause, {}).get(f, '-')} | " for f in families)
         lines.append(f"| {clause} | {outcome} | {split}{len(members)} | {_cell(', '.join(bad))} |")
     lines += _coverage_lines(report.coverage)
+    lines += _cost_lines(report.cost)
     failures = [c for c in report.checks if Outcome(c.outcome).is_failure]
     lines += ["", "## Failures", ""]
     if not failures:

@@ -3,7 +3,9 @@
 A PR comment or a job summary takes at most 64 KiB, so the summary never exceeds
 :data:`SUMMARY_LIMIT` bytes (UTF-8), whatever the run: the verdict, the counts, one line per
 finding (clause, what, first check, how many checks it explains), the clauses that did not
-pass (one line each) and those that passed (one line in all), and where the full report is.
+pass (one line each) and those that passed (one line in all), the cost when cost checks ran
+(per family, bytes per rank at rest by world size, the plain model's and the projection), and
+where the full report is.
 Every line is clipped; when the whole would still be too long, each list is cut to the same
 number of rows, the most that fits, and ends with ``... and N more``.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from harness.report.cost import PROJECTED_WORLDS, footprint, human_bytes
 from harness.report.markdown import coverage_line
 from harness.report.model import (
     NO_CLAUSE,
@@ -153,6 +156,38 @@ def _clauses(report: Report, shown: int | None) -> list[str]:
     return lines
 
 
+def _cost(report: Report, shown: int | None) -> list[str]:
+    families = report.cost.get("families", {}) if report.cost else {}
+    if not families:
+        return []
+    worlds = sorted({p["world_size"] for fam in families.values() for p in fam.get("series", [])})
+    rows = []
+    for name, family in families.items():
+        at = {p["world_size"]: p["at_rest"].get("total", 0) for p in family.get("series", [])}
+        projected = family.get("projection", {}).get("at", {})
+        plain = family.get("plain")
+        cells = [human_bytes(at[w]) if w in at else "-" for w in worlds]
+        cells.append(human_bytes(footprint(plain)) if plain else "-")
+        cells += [
+            human_bytes(projected[str(w)]) if str(w) in projected else "-" for w in PROJECTED_WORLDS
+        ]
+        rows.append(f"| {_clip(name, _TEXT)} | " + " | ".join(cells) + " |")
+    heads = [f"world {w}" for w in worlds] + ["plain model"]
+    heads += [f"{w} (projected)" for w in PROJECTED_WORLDS]
+    return [
+        "",
+        "### Cost: bytes per rank at rest, after the step",
+        "",
+        "Each family's main configuration, its largest rank; plain model: params + grads + "
+        "optimizer in one process; (projected): `fixed + sharded / world` fitted to the measured "
+        "world sizes, not measured. Every configuration, peaks and collectives: `report.md`.",
+        "",
+        "| family | " + " | ".join(heads) + " |",
+        "|---|" + "---:|" * len(heads),
+        *_rows(rows, shown, "families"),
+    ]
+
+
 def _footer() -> list[str]:
     return [
         "",
@@ -163,7 +198,13 @@ def _footer() -> list[str]:
 
 
 def _render(report: Report, shown: int | None) -> str:
-    lines = [*_header(report), *_findings(report, shown), *_clauses(report, shown), *_footer()]
+    lines = [
+        *_header(report),
+        *_findings(report, shown),
+        *_clauses(report, shown),
+        *_cost(report, shown),
+        *_footer(),
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -17,11 +17,14 @@ from harness.report import (
     Report,
     load_report,
     render_html,
+    render_markdown,
     render_summary,
     verdict,
     write_report,
 )
+from harness.report.cost import cost_of, footprint, human_bytes
 from harness.report.matrix import COVERED, NEVER, OUTSIDE, REACHED, coverage_matrix
+from tests.conformance.cost_sample import PARAMS, PLAIN, cost_report, measurements
 
 NASTY = "<script>alert('x')</script> & </td> | `tick` ```fence```"
 RUN = {
@@ -241,3 +244,160 @@ def test_a_report_without_run_facts_still_loads(tmp_path: Path) -> None:
     report = load_report(path)
     assert report.run == {}
     assert "profile" not in render_summary(report) and "started" not in render_html(report)
+
+
+# -- the cost section -------------------------------------------------------------------------
+
+
+class _Elements(HTMLParser):
+    """Every start tag with its attributes, in order, and each ``<svg>``'s own elements."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elements: list[tuple[str, dict[str, str]]] = []
+        self.in_svg: dict[str, list[tuple[str, dict[str, str]]]] = {}
+        self._svg: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = (tag, {k: v or "" for k, v in attrs})
+        self.elements.append(found)
+        if tag == "svg":
+            self._svg = found[1].get("id", "")
+            self.in_svg[self._svg] = []
+        elif self._svg is not None:
+            self.in_svg[self._svg].append(found)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "svg":
+            self._svg = None
+
+    def of(self, svg: str, cls: str) -> list[dict[str, str]]:
+        return [a for _, a in self.in_svg[svg] if cls in a.get("class", "").split()]
+
+
+FAMILIES = ["fsdp", "fsdp2", "model_parallel"]
+
+
+def test_html_draws_bytes_per_rank_against_world_size_per_family() -> None:
+    page = render_html(cost_report())
+    parser = _Elements()
+    parser.feed(page)
+    assert "script" not in [tag for tag, _ in parser.elements] and "http" not in page
+    assert set(parser.in_svg) == {"cost-chart", "cost-projection"}
+    series = parser.of("cost-chart", "series")
+    assert [s["data-family"] for s in series] == FAMILIES
+    for line in series:  # four world sizes, fewer bytes per rank (a larger y) at each
+        ys = [float(xy.split(",")[1]) for xy in line["points"].split()]
+        assert len(ys) == 4 and ys == sorted(ys) and ys[0] < ys[-1]
+    points = parser.of("cost-chart", "point")
+    assert [(p["data-family"], p["data-world"]) for p in points] == [
+        (f, str(w)) for f in FAMILIES for w in (1, 2, 3, 4)
+    ]
+    assert points[0]["data-bytes"] == str(PARAMS + 2 * PARAMS + 208)
+    plain = parser.of("cost-chart", "plain-model")
+    assert [p["data-bytes"] for p in plain] == [str(footprint(PLAIN))]
+    legend = [
+        a["data-family"] for a in parser.of("cost-chart", "legend-entry") if a.get("data-family")
+    ]
+    assert legend == FAMILIES
+    assert "model_parallel (same as fsdp2)" in page  # drawn on fsdp2's points, and said so
+    assert "plain model: 553 KiB" in page
+    projected = parser.of("cost-projection", "projected")
+    assert {(p["data-family"], p["data-world"]) for p in projected} == {
+        (f, w) for f in FAMILIES for w in ("8", "64", "512")
+    }
+    assert [p["data-family"] for p in parser.of("cost-projection", "projection")] == FAMILIES
+    assert "Projection to 8, 64 and 512 ranks: fitted, not measured" in page
+
+
+def test_html_cost_tables_mark_the_projection() -> None:
+    page = render_html(cost_report())
+    tables = [a for tag, a in _parsed(page) if tag == "table" and "cost" in a.get("class", "")]
+    assert [t["data-family"] for t in tables] == FAMILIES
+    assert page.count('<tr class="projection"><td>512 (projected)</td>') == 3
+    assert page.count('<tr class="measured">') == 12  # the series, not the NO_SHARD extra
+    assert "<th>all_gather</th><th>reduce_scatter</th>" in page
+    assert '<td class="b">17, 271 KiB</td>' in page  # count, bytes
+    assert "13 configurations measured" in page
+    assert "No job of this run reported" in page  # the rest of the page is still there
+
+
+def _parsed(page: str) -> list[tuple[str, dict[str, str]]]:
+    parser = _Elements()
+    parser.feed(page)
+    return parser.elements
+
+
+def test_a_report_without_cost_has_no_cost_section() -> None:
+    report = small_report()
+    assert 'id="cost' not in render_html(report)
+    assert "## Cost" not in render_markdown(report)
+    assert "### Cost" not in render_summary(report)
+
+
+def test_markdown_lists_every_configuration_and_the_projection() -> None:
+    text = render_markdown(cost_report())
+    cost = text[text.index("## Cost") : text.index("## Failures")]
+    assert [line for line in cost.splitlines() if line.startswith("### ")] == [
+        "### fsdp", "### fsdp2", "### model_parallel", "### Every configuration measured",
+    ]  # fmt: skip
+    assert cost.count("| 64 (projected) | projection: fixed + sharded / world, not measured |") == 3
+    full = cost[cost.index("### Every configuration measured") :]
+    rows = [line for line in full.splitlines() if line.startswith("| fsdp") or
+            line.startswith("| model_parallel")]  # fmt: skip
+    assert len(rows) == 13
+    no_shard = next(r for r in rows if "NO_SHARD" in r)
+    assert "| fsdp | 2 | 415 KiB, 415 KiB | 415 KiB (params 138 KiB, optimizer 277 KiB) |" in (
+        no_shard
+    )
+    assert "step: all_reduce 9 (138 KiB); clip: all_reduce 1 (4 B)" in rows[0]
+
+
+def test_summary_has_the_short_cost_table() -> None:
+    text = render_summary(cost_report())
+    assert "### Cost: bytes per rank at rest, after the step" in text
+    head = next(line for line in text.splitlines() if line.startswith("| family |"))
+    assert head == (
+        "| family | world 1 | world 2 | world 3 | world 4 | plain model | 8 (projected) "
+        "| 64 (projected) | 512 (projected) |"
+    )
+    row = next(line for line in text.splitlines() if line.startswith("| fsdp |"))
+    assert row.startswith("| fsdp | 415 KiB | 207 KiB | 138 KiB | 104 KiB | 553 KiB | ")
+    assert text.index("### Cost") < text.index("Full report beside this file")
+
+
+def test_summary_with_cost_stays_under_the_cap() -> None:
+    report = huge_report(checks=6000, findings=1500)
+    report.cost = cost_of(measurements())
+    text = render_summary(report)
+    assert len(text.encode()) <= SUMMARY_LIMIT
+    assert "### Cost: bytes per rank at rest, after the step" in text
+    assert "| model_parallel | 415 KiB |" in text
+
+
+def test_cost_round_trips_through_report_json(tmp_path: Path) -> None:
+    files = write_report(cost_report(), tmp_path)
+    loaded = load_report(files.json)
+    assert loaded.cost == json.loads(json.dumps(cost_report().cost))
+    assert render_html(loaded) == files.html.read_text()
+
+
+def test_human_bytes() -> None:
+    assert [human_bytes(b) for b in (0, 903, 1023, 1024, 6707, 424_624, 1_258_291)] == [
+        "0 B", "903 B", "1023 B", "1 KiB", "6.55 KiB", "415 KiB", "1.2 MiB",
+    ]  # fmt: skip
+    assert human_bytes(1023 * 1024) == "0.999 MiB"  # never "1.02e+03 KiB"
+
+
+def test_a_cost_of_one_world_size_has_no_projection_anywhere() -> None:
+    one = [m for m in measurements() if m["world_size"] == 1]
+    report = cost_report()
+    report.cost = cost_of(one)
+    page = render_html(report)
+    assert 'id="cost-chart"' in page and 'id="cost-projection"' not in page
+    assert page.count('class="series"') == 3 and "(projected)" not in page
+    assert "No projection: fewer than two world sizes were measured." in page
+    summary = render_summary(report)
+    row = next(line for line in summary.splitlines() if line.startswith("| fsdp |"))
+    assert row == "| fsdp | 415 KiB | 553 KiB | - | - | - |"
+    assert "(projected)" not in render_markdown(report).split("## Cost")[1].split("### Every")[0]

@@ -1,7 +1,8 @@
 """CONTRACT.md MEM-1, MEM-2, MEM-3, COMM-1, COMM-2 and COMM-3: what sharding is for.
 
 Each configuration of :data:`ROWS` (every family, its sharding layouts, world sizes 1 to 4,
-mixed precision) runs one rank job (:func:`~suites.lib.ranks.cost_jobs.cost_rank`): a warm-up
+mixed precision; the ``ci`` profile keeps to :data:`CORE`) and each one drawn by
+:func:`cost_scenarios` runs one rank job (:func:`~suites.lib.ranks.cost_jobs.cost_rank`): a warm-up
 step, then one step measured with torch's ``MemTracker`` and ``CommDebugMode`` and, for the
 families whose full save can go through rank 0 on every device, a full save. The six checks
 read the same measurement (kept for the session: one job per row, whichever check asks
@@ -15,9 +16,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.plugin import PROFILE_EXAMPLES
 from suites.lib.controller.cost_verdicts import (
     SAVES,
     assert_accumulation_collectives,
@@ -72,22 +74,28 @@ def _mp(dp: int, tp: int, precision: str = "32-true") -> MPConfig:
     )
 
 
-#: the measured configurations: each family's layouts at world sizes 1-4, mixed precision
-ROWS: tuple[Scenario, ...] = (
+#: the measured configurations of every profile: each family's main layout at world sizes 1-4
+#: (the per-rank law's points) and the layouts whose cost differs most from it
+CORE: tuple[Scenario, ...] = (
     *(_row(w, _fsdp("FULL_SHARD")) for w in (1, 2, 3, 4)),
     _row(4, _fsdp("SHARD_GRAD_OP")),
+    *(_row(w, _fsdp2()) for w in (1, 2, 3, 4)),
+    _row(4, _fsdp2(mesh=(2, 2))),
+    *(_row(w, _mp(w, 1)) for w in (1, 2, 3, 4)),
+    _row(4, _mp(2, 2)),
+)
+#: more layouts, measured under the dev and nightly profiles (the ci run keeps to CORE and the
+#: drawn configurations, which reach these layouts too)
+MORE: tuple[Scenario, ...] = (
     _row(2, _fsdp("NO_SHARD")),
     _row(4, _fsdp("HYBRID_SHARD", mesh=(2, 2))),
     _row(2, _fsdp("FULL_SHARD", "bf16-mixed")),
-    *(_row(w, _fsdp2()) for w in (1, 2, 3, 4)),
     _row(4, _fsdp2(False)),
     _row(4, _fsdp2(2)),
-    _row(4, _fsdp2(mesh=(2, 2))),
     _row(2, _fsdp2(precision="bf16-mixed")),
-    *(_row(w, _mp(w, 1)) for w in (1, 2, 3, 4)),
-    _row(4, _mp(2, 2)),
     _row(2, _mp(2, 1, "bf16-mixed")),
 )
+ROWS = CORE + (MORE if settings().max_examples > PROFILE_EXAMPLES["ci"] else ())
 
 
 def _id(scenario: Scenario) -> str:

@@ -31,6 +31,7 @@ from suites.lib.controller.cost_verdicts import (
     measure,
 )
 from suites.lib.controller.scenarios import meshes, world_sizes
+from suites.lib.ranks.cost_jobs import cost_rank
 from suites.lib.shared.models import BlockSpec, ModelSpec
 from suites.lib.shared.specs import (
     FSDP2Config,
@@ -126,19 +127,19 @@ def _rows(families: tuple[str, ...] = ("fsdp", "fsdp2", "model_parallel")) -> An
 @pytest.mark.clause("MEM-1")
 @_rows()
 def test_each_rank_holds_its_share_at_rest(scenario: Scenario) -> None:
-    assert_held_at_rest(scenario, *measure(scenario))
+    assert_held_at_rest(scenario, *measure(scenario, cost_rank))
 
 
 @pytest.mark.clause("MEM-2")
 @_rows()
 def test_a_step_peaks_within_its_share_and_what_is_in_flight(scenario: Scenario) -> None:
-    assert_step_peak(scenario, *measure(scenario))
+    assert_step_peak(scenario, *measure(scenario, cost_rank))
 
 
 @pytest.mark.clause("MEM-3")
 @_rows(SAVES)
 def test_a_full_save_goes_through_rank_0(scenario: Scenario) -> None:
-    assert_full_save(scenario, *measure(scenario))
+    assert_full_save(scenario, *measure(scenario, cost_rank))
 
 
 @pytest.mark.clause("COMM-1")
@@ -146,19 +147,19 @@ def test_a_full_save_goes_through_rank_0(scenario: Scenario) -> None:
 def test_a_synchronized_micro_batch_issues_its_configurations_collectives(
     scenario: Scenario,
 ) -> None:
-    assert_synchronized_collectives(scenario, *measure(scenario))
+    assert_synchronized_collectives(scenario, *measure(scenario, cost_rank))
 
 
 @pytest.mark.clause("COMM-2")
 @_rows()
 def test_clipping_reduces_norms_not_gradients(scenario: Scenario) -> None:
-    assert_clip_collectives(scenario, *measure(scenario))
+    assert_clip_collectives(scenario, *measure(scenario, cost_rank))
 
 
 @pytest.mark.clause("COMM-3")
 @_rows()
 def test_no_backward_sync_moves_no_gradient(scenario: Scenario) -> None:
-    assert_accumulation_collectives(scenario, *measure(scenario))
+    assert_accumulation_collectives(scenario, *measure(scenario, cost_rank))
 
 
 @st.composite
@@ -209,7 +210,7 @@ def cost_scenarios(draw: st.DrawFn) -> Scenario:
 @pytest.mark.clause("MEM-1", "MEM-2", "MEM-3", "COMM-1", "COMM-2", "COMM-3")
 @given(cost_scenarios())
 def test_drawn_configurations_cost_what_they_promise(scenario: Scenario) -> None:
-    records, laws = measure(scenario)
+    records, laws = measure(scenario, cost_rank)
     assert_held_at_rest(scenario, records, laws)
     assert_step_peak(scenario, records, laws)
     if scenario.family in SAVES:

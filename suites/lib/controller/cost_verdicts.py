@@ -11,13 +11,13 @@ each ``assert_*`` function holds every rank's record to one clause's bounds
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 
 from harness.api import unavailable_reason
 from harness.refusals import skip_exception
 from harness.run.session import current
 from suites.lib.controller.cost import NORM_BYTES, Law, law_of, mib, where
 from suites.lib.controller.dispatch import run
-from suites.lib.ranks.cost_jobs import cost_rank
 from suites.lib.shared.cost_record import CostRecord, describe
 from suites.lib.shared.specs import MPConfig, Scenario
 
@@ -38,9 +38,12 @@ SAVES = ("fsdp2", "model_parallel")
 _measured: dict[tuple[str, Scenario], list[CostRecord]] = {}
 
 
-def measure(scenario: Scenario) -> tuple[list[CostRecord], list[Law]]:
-    """Every rank's record of ``scenario`` (one rank job per row and strategy in a session)
-    and each rank's bounds; a world size this run cannot hold reads ``environment``."""
+def measure(
+    scenario: Scenario, job: Callable[..., CostRecord]
+) -> tuple[list[CostRecord], list[Law]]:
+    """Every rank's record of ``scenario`` by the rank ``job`` (the suite's cost job; one
+    rank job per configuration and strategy in a session) and each rank's bounds; a world
+    size this run cannot hold reads ``environment``."""
     __tracebackhide__ = True
     reason = unavailable_reason(scenario.world_size)
     if reason is not None:
@@ -50,7 +53,7 @@ def measure(scenario: Scenario) -> tuple[list[CostRecord], list[Law]]:
     if key not in _measured:
         with tempfile.TemporaryDirectory(dir=session.config.shared_dir) as directory:
             save_to = directory if scenario.family in SAVES else None
-            records = run(cost_rank, scenario, save_to, world_size=scenario.world_size)
+            records = run(job, scenario, save_to, world_size=scenario.world_size)
         _measured[key] = records
         session.note_cost(
             {

@@ -49,6 +49,7 @@ __all__ = [
     "checkpoint_wrapper",
     "clear_mesh_stack",
     "clear_sharding_cache",
+    "collective_ops",
     "created_process_groups",
     "default_group_backends",
     "drop_process_group",
@@ -380,9 +381,10 @@ def memory_tracker() -> type[Any] | None:
     made to accept FSDP1's parameter views, or ``None`` where this torch has none (the cost
     checks then read ``environment``).
 
-    [Note: memory tracker] ``torch.distributed._tools.mem_tracker.MemTracker`` in torch 2.11
-    to 2.14, with ``track_external``, ``reset_mod_stats``, ``get_tracker_snapshot("current" |
-    "peak")`` and the category names ``Parameter``, ``Buffer``, ``Gradient``, ``Activation``,
+    [Note: memory tracker] ``torch.distributed._tools.mem_tracker.MemTracker`` in torch 2.13.0
+    (the release this was written and run on; 2.11 and 2.14 not checked), with
+    ``track_external``, ``reset_mod_stats``, ``get_tracker_snapshot("current" | "peak")``
+    and the category names ``Parameter``, ``Buffer``, ``Gradient``, ``Activation``,
     ``Temp``, ``Optstate`` and ``Other`` (``_MemRefType``); it runs on CPU. It counts what
     passes through the dispatcher inside its context and the storages ``track_external``
     names, so a storage made outside both (a C++ collective's own buffers) is not seen.
@@ -410,6 +412,21 @@ def memory_tracker() -> type[Any] | None:
             return result
 
     return _LeafSafeMemTracker
+
+
+def collective_ops() -> tuple[frozenset[Any], dict[Any, Any]]:
+    """The collective ops torch's ``CommDebugMode`` counts: the c10d ones (``_allgather_base_``,
+    ``_reduce_scatter_base_``, ``allreduce_``, ...) and the map from the native functional
+    ops to the Python ones it files them under.
+
+    [Note: CommDebugMode's op registry] ``c10d_collective_ops`` and ``NATIVE_TO_PY_MAPPING``
+    of the private ``torch.distributed.tensor.debug._comm_mode`` in torch 2.13.0 (2.11 and
+    2.14 not checked); where either is missing, the functional ops alone are counted (the
+    mode's own ``comm_registry``) and an empty set and map come back.
+    """
+    c10d = _attribute("torch.distributed.tensor.debug._comm_mode", "c10d_collective_ops")
+    mapping = _attribute("torch.distributed.tensor.debug._comm_mode", "NATIVE_TO_PY_MAPPING")
+    return frozenset(c10d or ()), dict(mapping or {})
 
 
 def _attribute(module: str, dotted: str) -> Any:

@@ -13,9 +13,12 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable
 
+import torch
+
 from harness.api import unavailable_reason
 from harness.refusals import skip_exception
 from harness.run.session import current
+from harness.torch_compat import memory_tracker
 from suites.lib.controller.cost import NORM_BYTES, Law, law_of, mib, where
 from suites.lib.controller.dispatch import run
 from suites.lib.shared.cost_record import CostRecord, describe
@@ -48,6 +51,12 @@ def measure(
     reason = unavailable_reason(scenario.world_size)
     if reason is not None:
         raise skip_exception(reason)
+    if memory_tracker() is None:
+        raise skip_exception(
+            f"environment: torch {torch.__version__} has no "
+            "torch.distributed._tools.mem_tracker.MemTracker, the instrument the memory "
+            "clauses measure with; run them with a torch that has it (2.13)"
+        )
     session = current()
     key = (session.config.strategy, scenario)
     if key not in _measured:

@@ -26,11 +26,10 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
-from torch.distributed.tensor.debug._comm_mode import NATIVE_TO_PY_MAPPING, c10d_collective_ops
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from harness.torch_compat import memory_tracker
+from harness.torch_compat import collective_ops, memory_tracker
 
 __all__ = [
     "CATEGORIES",
@@ -180,8 +179,9 @@ class CommMeter(CommDebugMode):
             return NotImplemented  # DTensor runs first and issues the collectives we count
         out = func(*args, **(kwargs or {}))
         packet = func._overloadpacket
-        if packet in self.comm_registry or packet in c10d_collective_ops:
-            packet = NATIVE_TO_PY_MAPPING.get(packet, packet)
+        c10d, native_to_py = collective_ops()
+        if packet in self.comm_registry or packet in c10d:
+            packet = native_to_py.get(packet, packet)
             self.comm_counts[packet] += 1
             op = str(packet.__name__)
             largest = max([_nbytes(a) for a in (*args, *(kwargs or {}).values())] + [_nbytes(out)])

@@ -60,6 +60,7 @@ class _ClipsOnFullGradients:
         norm_type: float = 2.0,
         error_if_nonfinite: bool = True,
     ) -> Tensor:
+        self._require_root(module, "clip_gradients_norm")  # type: ignore[attr-defined]
         grads = [p.grad for p in module.parameters() if p.grad is not None]
         whole = [g.full_tensor() if isinstance(g, DTensor) else g for g in grads]
         total = torch.nn.utils.get_total_norm(whole, norm_type, error_if_nonfinite)
@@ -79,6 +80,8 @@ class _SyncsInsideNoBackwardSync:
     (their sum is the same; the communication of accumulation is not saved)."""
 
     def no_backward_sync(self, module: nn.Module, enabled: bool) -> Any:
+        if enabled:
+            self._require_root(module, "no_backward_sync(enabled=True)")  # type: ignore[attr-defined]
         return contextlib.nullcontext()
 
 

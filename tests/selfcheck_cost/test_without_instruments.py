@@ -16,7 +16,7 @@ def test_cost_checks_read_environment_without_a_memory_tracker() -> None:
             "--hypothesis-profile=ci",
             "-rs",
             "-k",
-            "w1 or w2",
+            "fsdp2-raf-true-32-true-w2",
         ],
         timeout=240,
         suites=["suites/test_cost.py"],

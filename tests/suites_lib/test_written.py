@@ -163,3 +163,17 @@ def test_a_checkpoint_that_cannot_be_read_so_is_left_to_the_load(tmp_path: Path)
     assert read_written(str(tmp_path / "ckpt.pt"), "full") is None
     check_written(SCENARIO, "full", str(tmp_path / "ckpt.pt"))  # nothing raised
     assert read_written(str(tmp_path / "missing"), "sharded") is None
+
+
+def test_a_sharded_save_before_the_first_step_has_no_state_entry(tmp_path: Path) -> None:
+    """DCP writes nothing for an empty container: the directory of an optimizer that never
+    stepped holds its groups only, as the plain optimizer's state_dict() (state {})."""
+    scenario = Scenario(2, SPEC, FSDPConfig(), OptimSpec("adam", lr=0.01), TrainPlan(steps=0))
+    plain = plain_at_save(scenario)
+    directory = str(tmp_path / "ckpt")
+    dcp.save(
+        {"model": plain.model, "optimizer": plain.optim}, checkpoint_id=directory, no_dist=True
+    )
+    content = read_written(directory, "sharded")
+    assert content is not None and "state" not in content["optimizer"]
+    check_written(scenario, "sharded", directory)

@@ -285,6 +285,9 @@ def _model_difference(
 
 
 def _optim_difference(osd: Any, plain: Plain, fmt: str, clause: str, key: str) -> Difference | None:
+    if fmt == "sharded" and isinstance(osd, dict) and "state" not in osd:
+        # DCP writes no entry for an empty container: an optimizer that never stepped
+        osd = {**osd, "state": {}}
     if not isinstance(osd, dict) or not {"state", "param_groups"} <= set(osd):
         what = (
             f"keys {sorted(osd, key=str)}" if isinstance(osd, dict) else _kind(osd)

@@ -29,6 +29,7 @@ empty after the save and after the load.
 from __future__ import annotations
 
 import dataclasses
+import os
 import tempfile
 from typing import Any
 
@@ -42,7 +43,7 @@ from suites.lib.controller.checkpoint_plans import ckpt_plans
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.scenarios import examples
 from suites.lib.controller.session_draws import covering_scenario
-from suites.lib.controller.written import check_written
+from suites.lib.controller.written import check_written, judged_if_it_fails
 from suites.lib.ranks.checkpoint_jobs import (
     join_round_trip,
     path_for,
@@ -52,6 +53,7 @@ from suites.lib.ranks.checkpoint_jobs import (
 from suites.lib.ranks.checkpoint_moment_jobs import moments_rank
 from suites.lib.shared.axes import MOMENTS, moment_pairs
 from suites.lib.shared.checkpoint_specs import CkptPlan
+from suites.lib.shared.specs import Scenario
 
 COMMON = ("CKPT-SAVE-4", "CKPT-LOAD-2", "CKPT-STRICT-3", "CKPT-BUF-1")
 
@@ -126,4 +128,26 @@ def test_round_trip_at_every_moment(
     values = {"family": {family}, "checkpoint": {fmt}}
     current().note_universe(moment_pairs(plan.moments, values))
     directory = tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp())
-    check_moments(plan, run(moments_rank, plan, directory, world_size=plan.save.world_size))
+    saves = moment_saves(plan, directory)
+    # one job saves at every moment and loads each save: a wrong checkpoint is told as
+    # written (what the loads met, and what they read back, are its consequences)
+    with judged_if_it_fails(fmt, saves, where=plan.saved_at):
+        outs = run(moments_rank, plan, directory, world_size=plan.save.world_size)
+    for scenario, path in saves:
+        check_written(scenario, fmt, path, where=plan.saved_at)
+    check_moments(plan, outs)
+
+
+def moment_saves(plan: CkptPlan, directory: str) -> list[tuple[Scenario, str]]:
+    """The moments' checkpoints (:func:`~suites.lib.ranks.checkpoint_moment_jobs.moments_rank`)
+    with the training each holds: none before the first step; step 1 of one micro-batch after
+    it, and in the save between step 2's micro-batches (the state before that step)."""
+    s = plan.save
+    before = dataclasses.replace(s, plan=dataclasses.replace(s.plan, steps=0))
+    one = dataclasses.replace(s.plan, steps=1, micro_batches=1, clip=None)  # as the job steps
+    after_one = dataclasses.replace(s, plan=one)
+    return [
+        (before, path_for(os.path.join(directory, "zero"), plan.fmt)),
+        (after_one, path_for(os.path.join(directory, "one"), plan.fmt)),
+        (after_one, path_for(os.path.join(directory, "mid"), plan.fmt)),
+    ]

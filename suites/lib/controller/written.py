@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +61,7 @@ __all__ = [
     "Difference",
     "Plain",
     "check_written",
+    "judged_if_it_fails",
     "plain_at_save",
     "read_written",
     "written_difference",
@@ -226,6 +229,36 @@ def check_written(
     )
     if found is not None:
         raise AssertionError(found.message(fmt, where))
+
+
+@contextmanager
+def judged_if_it_fails(
+    fmt: str, saves: Sequence[tuple[Scenario, str]], *, where: str = ""
+) -> Iterator[None]:
+    """Around a job that saves and then loads in one go (the configuration cover's round
+    trip, the moments' job), where the controller cannot judge in between: when the job
+    fails and a checkpoint it wrote is wrong, the check fails with that difference instead
+    (the job's failure chained to it), since the load only met a consequence of it. A job
+    that failed before its checkpoints could be read, or whose checkpoints are right, fails
+    as it did.
+
+    Args:
+        fmt: ``full`` or ``sharded``.
+        saves: each checkpoint the job writes, with the scenario whose training it holds
+            (the first wrong one, in this order, is told).
+        where: where it was seen, for the message.
+    """
+    try:
+        yield
+    except Exception as exc:
+        for scenario, path in saves:
+            content = read_written(path, fmt) if os.path.exists(path) else None
+            if content is None:
+                continue
+            found = written_difference(content, plain_at_save(scenario), fmt)
+            if found is not None:
+                raise AssertionError(found.message(fmt, where)) from exc
+        raise
 
 
 # --- the model --------------------------------------------------------------------------------

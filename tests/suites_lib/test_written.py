@@ -14,6 +14,7 @@ import torch.distributed.checkpoint as dcp
 from harness.conformance.signatures import attribute, difference, headline
 from suites.lib.controller.written import (
     check_written,
+    judged_if_it_fails,
     plain_at_save,
     read_written,
     written_difference,
@@ -177,3 +178,21 @@ def test_a_sharded_save_before_the_first_step_has_no_state_entry(tmp_path: Path)
     content = read_written(directory, "sharded")
     assert content is not None and "state" not in content["optimizer"]
     check_written(scenario, "sharded", directory)
+
+
+def test_a_job_that_failed_on_a_wrong_file_fails_with_the_files_difference(tmp_path: Path) -> None:
+    content = _content()
+    content["optimizer"]["state"][_first_bias(content)]["exp_avg"] = torch.zeros(1)
+    path = _full(tmp_path, content)
+    with pytest.raises(AssertionError, match=r"^CKPT-RT-1: .*as written holds optimizer") as info:
+        with judged_if_it_fails("full", [(SCENARIO, path)]):
+            raise RuntimeError("Expected device to be set")  # what the load met
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_a_job_that_failed_with_a_right_file_or_none_fails_as_it_did(tmp_path: Path) -> None:
+    right = _full(tmp_path, _content())
+    for saves in ([(SCENARIO, right)], [(SCENARIO, str(tmp_path / "never-written.pt"))]):
+        with pytest.raises(RuntimeError, match="a bug of the load"):
+            with judged_if_it_fails("full", saves):
+                raise RuntimeError("a bug of the load")

@@ -196,3 +196,20 @@ def test_a_job_that_failed_with_a_right_file_or_none_fails_as_it_did(tmp_path: P
         with pytest.raises(RuntimeError, match="a bug of the load"):
             with judged_if_it_fails("full", saves):
                 raise RuntimeError("a bug of the load")
+
+
+def test_a_sharded_directory_is_judged_on_what_the_offline_reader_finds(tmp_path: Path) -> None:
+    """A strategy that keeps its optimizer in files of its own beside the DCP directory:
+    the directory's model is judged, the optimizer left to the load (and to CKPT-RT-4)."""
+    content = _content()
+    directory = str(tmp_path / "ckpt")
+    dcp.save({"model": content["model"]}, checkpoint_id=directory, no_dist=True)
+    check_written(SCENARIO, "sharded", directory)
+    content["model"]["head.bias"] = torch.zeros(7)
+    dcp.save({"model": content["model"]}, checkpoint_id=str(tmp_path / "bad"), no_dist=True)
+    with pytest.raises(AssertionError, match=r"holds model\['head.bias'\]: shape \(7,\)"):
+        check_written(SCENARIO, "sharded", str(tmp_path / "bad"))
+    full = _content()
+    del full["optimizer"]
+    found = written_difference(full, plain_at_save(SCENARIO), "full")
+    assert found is not None and found.clause == "CKPT-RT-1"  # a full file is all there is

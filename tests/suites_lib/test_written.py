@@ -22,6 +22,9 @@ from suites.lib.controller.written import (
 from suites.lib.shared.models import BlockSpec, ModelSpec
 from suites.lib.shared.specs import FSDPConfig, OptimSpec, Scenario, TrainPlan
 
+#: the directories here are written by one process, as DCP's own warning assumes
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+
 SPEC = ModelSpec(hidden=4, blocks=(BlockSpec(ffn=4),), in_features=3, out=2, scale=True, seed=5)
 SCENARIO = Scenario(2, SPEC, FSDPConfig(), OptimSpec("adam", lr=0.01), TrainPlan(steps=2))
 

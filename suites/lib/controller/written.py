@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -67,7 +68,7 @@ __all__ = [
     "written_difference",
 ]
 
-#: the words every message of this module says: what the triage and a reader look for
+#: the words every message of this module says (``the full checkpoint as written holds ...``)
 AS_WRITTEN = "checkpoint as written"
 
 
@@ -148,19 +149,20 @@ def read_written(path: str, fmt: str) -> dict[str, Any] | None:
     converter (``dcp_to_torch_save``, no process group) into a scratch file, read the same
     way; ``meta.pt`` (the metadata beside it) is not part of the state compared here.
     """
+    from torch.distributed.checkpoint import CheckpointException
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
     try:
         if fmt == "full":
             content = torch.load(path, map_location="cpu", weights_only=True)
         else:
-            from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-            with tempfile.TemporaryDirectory() as scratch:
+            with tempfile.TemporaryDirectory() as scratch, warnings.catch_warnings():
+                # one process, no process group: what this reader is for
+                warnings.filterwarnings("ignore", message=".*assuming the intent is to load")
                 converted = os.path.join(scratch, "converted.pt")
                 dcp_to_torch_save(path, converted)
                 content = torch.load(converted, map_location="cpu", weights_only=True)
-    except BaseException as exc:  # DCP's CheckpointException is a BaseException
-        if not isinstance(exc, Exception) and type(exc).__name__ != "CheckpointException":
-            raise
+    except (Exception, CheckpointException):  # DCP's CheckpointException: a BaseException
         return None
     return content if isinstance(content, dict) else None
 

@@ -340,16 +340,15 @@ def round_trip_rank(
         ``before`` and ``dtypes`` with ``effects``.
     """
     t, scheduler, saving = _round_trip_save(ctx, plan, directory, effects)
+    saving["scheduler"] = read_scheduler(scheduler)
     f, loading = _round_trip_load(ctx, plan, directory)
     copy_buffers(f.model, t.model, _volatile(plan))  # not saved by design: align them to step on
     train_plan(t, plan.save, steps=1)
     train_plan(f, plan.load, steps=1)
     # the models only: gathering the optimizers too (two collectives per state tensor) cost
     # a fifth of the round trip's rank time, for state nobody compares
-    out = join_round_trip(
-        {**saving, "scheduler": read_scheduler(scheduler), "stepped": gathered_state(t.model)},
-        {**loading, "stepped": gathered_state(f.model)},
-    )
+    saving["stepped"], loading["stepped"] = gathered_state(t.model), gathered_state(f.model)
+    out = join_round_trip(saving, loading)
     end(t.strategy)
     end(f.strategy)
     return out

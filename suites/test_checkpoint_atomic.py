@@ -35,6 +35,7 @@ from suites.lib.controller.clause_covers import covering_rows, round_trip_plan
 from suites.lib.controller.covering import CoverRow
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.scenarios import examples
+from suites.lib.controller.written import check_written
 from suites.lib.ranks.checkpoint_jobs import path_for
 from suites.lib.ranks.checkpoint_save_jobs import (
     faulty_rank,
@@ -118,6 +119,7 @@ def _check_atomic(plan: CkptPlan, fault: str, directory: Path) -> None:
     path = path_for(str(directory), fmt)
     where = f"{CLAUSE}: {plan.save.family} {fmt} save, {fault.replace('_', ' ')}"
     old = run(save_old_rank, plan, path, world_size=plan.save.world_size)
+    check_written(plan.save, fmt, path, where=plan.saved_at)  # the old one, as written
     digest, listing = files_digest(path), sorted(os.listdir(directory))
 
     _faulty_save(plan, path, fault, where)

@@ -24,8 +24,10 @@ from suites.lib.controller.checkpoint_checks import (
 )
 from suites.lib.controller.dispatch import report, run
 from suites.lib.controller.scenarios import job_world
+from suites.lib.controller.written import check_written, judged_if_it_fails
 from suites.lib.ranks.checkpoint_jobs import (
     ERROR_SPEC,
+    error_scenario,
 )
 from suites.lib.ranks.checkpoint_refusal_jobs import (
     filter_rank,
@@ -71,13 +73,25 @@ def test_save_needs_exactly_one_sharded_model(family: str, tmp_path: Path) -> No
 @pytest.mark.clause("CKPT-SAVE-2")
 @pytest.mark.parametrize("family", FAMILIES)
 def test_ranks_passing_different_paths_write_rank0s(family: str, tmp_path: Path) -> None:
-    for rank, out in enumerate(_run(rank0_path_rank, family, tmp_path)):
+    scenario = error_scenario(family, job_world())
+    written = {fmt: str(tmp_path / f"{fmt}-rank0") for fmt in ("full", "sharded")}
+    size = scenario.world_size
+    seen = {
+        f: f"saved at world size {size} ({family}, {f}) to the path rank 0 passed" for f in written
+    }
+    # the job saves and loads: what rank 0 wrote is judged as written, not as the load met it
+    with judged_if_it_fails("full", [(scenario, written["full"])], where=seen["full"]):
+        with judged_if_it_fails("sharded", [(scenario, written["sharded"])], where=seen["sharded"]):
+            outs = _run(rank0_path_rank, family, tmp_path)
+    for rank, out in enumerate(outs):
         for fmt in ("full", "sharded"):
             what = f"CKPT-SAVE-2: rank {rank} ({family}, {fmt})"
             assert out[fmt]["listing"] == [f"{fmt}-rank0"], (
                 f"{what}: every rank passed its own path; only rank 0's may be written, found "
                 f"{out[fmt]['listing']}"
             )
+            if rank == 0:
+                check_written(scenario, fmt, written[fmt], where=seen[fmt])
             # whether what rank 0 wrote loads back is the round trip's clause, not this one's
             round_trip = ROUND_TRIP[fmt]
             at = f"rank {rank} ({family}, {fmt}), rank 0's checkpoint loaded"

@@ -44,6 +44,7 @@ from suites.lib.controller.dispatch import run
 from suites.lib.controller.oracles import expected_dtypes, named_optim_state, plain_train
 from suites.lib.controller.regressions import FULL_1X2_TO_2X2
 from suites.lib.controller.scenarios import examples, plain_blocks
+from suites.lib.controller.written import check_written
 from suites.lib.ranks.checkpoint_interop_jobs import (
     load_plain_rank,
     trainer_load_rank,
@@ -138,6 +139,7 @@ def test_strategy_full_checkpoint_loads_into_plain_torch(
 ) -> None:
     path = path_for(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()), "full")
     saved = run(save_rank, plan, path, world_size=plan.save.world_size)[0]
+    check_written(plan.save, "full", path, where=plan.saved_at)
     content = torch.load(path, weights_only=True)
     where = f"{plan.worlds}, read by plain torch"
     plain = build_model(plan.load.model)
@@ -279,5 +281,6 @@ def test_full_checkpoint_loads_into_the_other_family_across_the_space(
 def _check_other_family(plan: CkptPlan, tmp_path_factory: pytest.TempPathFactory) -> None:
     path = path_for(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()), "full")
     saved = run(save_rank, plan, path, world_size=plan.save.world_size)
+    check_written(plan.save, "full", path, where=plan.saved_at)  # before the other family reads it
     loaded = run(load_rank, plan, path, world_size=plan.load.world_size)
     assert_loaded_equals_saved(plan, saved, loaded, clause="CKPT-RT-6")

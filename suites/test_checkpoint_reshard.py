@@ -35,6 +35,7 @@ from suites.lib.controller.covering import CoverRow
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.regressions import SHARDED_1X2_TO_2X2
 from suites.lib.controller.scenarios import examples
+from suites.lib.controller.written import check_written
 from suites.lib.ranks.checkpoint_jobs import load_rank, path_for, save_rank
 from suites.lib.shared.checkpoint_specs import CkptPlan
 from suites.lib.shared.specs import Scenario
@@ -76,6 +77,7 @@ def test_reshard_save_at_a_load_at_b(
     path = path_for(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()), fmt)
     saved = run(save_rank, plan, path, world_size=worlds[0])
     assert saved[0]["world_size"] == worlds[0]
+    check_written(plan.save, fmt, path, where=plan.saved_at)  # before any load reads it
     loaded = run(load_rank, plan, path, world_size=worlds[1])
     assert_loaded_equals_saved(plan, saved, loaded, clause="CKPT-RT-3")
 
@@ -89,6 +91,7 @@ def test_reshard_across_the_space(row: CoverRow, tmp_path_factory: pytest.TempPa
         pytest.skip("environment: resharding needs two world sizes; this session runs one")
     path = path_for(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()), row.fmt)
     saved = run(save_rank, plan, path, world_size=plan.save.world_size)
+    check_written(plan.save, row.fmt, path, where=plan.saved_at)  # before any load reads it
     loaded = run(load_rank, plan, path, world_size=plan.load.world_size)
     assert_loaded_equals_saved(plan, saved, loaded, clause="CKPT-RT-3")
 
@@ -110,6 +113,7 @@ def test_sharded_converted_offline_loads_and_resaves_equal(
     directory = tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp())
     sharded, full, again = (os.path.join(directory, n) for n in ("ckpt", "full.pt", "again"))
     saved = run(save_rank, plan, sharded, world_size=plan.save.world_size)
+    check_written(plan.save, "sharded", sharded, where=plan.saved_at)  # before it is converted
     convert_offline(sharded, full)  # one process, no process group
     content = torch.load(full, weights_only=True)
     where = f"the converted file, {plan.worlds}"

@@ -1,9 +1,12 @@
 """CONTRACT.md CKPT-RT-1 and CKPT-RT-2, with CKPT-SAVE-4, CKPT-LOAD-2, CKPT-STRICT-3,
 CKPT-BUF-1 (and MP-3): full and sharded round trips at one world size, both families.
 
-One job per example: train (0-2 steps), save model, optimizer and user metadata, read what
-was saved with torch's own gathered-state APIs, load into fresh objects (another seed and
-learning rate), read again, then take one more step with both and compare. The metadata
+Two jobs per example: train (0-2 steps), save model, optimizer and user metadata, read what
+was saved with torch's own gathered-state APIs and take one more step; then, once the
+controller has judged the checkpoint as written (:mod:`suites.lib.controller.written`: the
+file or directory read as a user's tools read it, against the plain model and optimizer),
+load into fresh objects (another seed and learning rate), read again, take one more step and
+compare. The metadata
 always holds a learning-rate scheduler over the optimizer (torch's ``LambdaLR`` with a linear
 warmup, stepped as often as the optimizer: :mod:`suites.lib.shared.lr_schedules`), asked
 back into a fresh one: after the load the caller's scheduler holds the saved
@@ -26,6 +29,7 @@ empty after the save and after the load.
 from __future__ import annotations
 
 import dataclasses
+import os
 import tempfile
 from typing import Any
 
@@ -39,10 +43,17 @@ from suites.lib.controller.checkpoint_plans import ckpt_plans
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.scenarios import examples
 from suites.lib.controller.session_draws import covering_scenario
-from suites.lib.ranks.checkpoint_jobs import path_for, round_trip_rank
+from suites.lib.controller.written import check_written, judged_if_it_fails
+from suites.lib.ranks.checkpoint_jobs import (
+    join_round_trip,
+    path_for,
+    round_trip_load_rank,
+    round_trip_save_rank,
+)
 from suites.lib.ranks.checkpoint_moment_jobs import moments_rank
 from suites.lib.shared.axes import MOMENTS, moment_pairs
 from suites.lib.shared.checkpoint_specs import CkptPlan
+from suites.lib.shared.specs import Scenario
 
 COMMON = ("CKPT-SAVE-4", "CKPT-LOAD-2", "CKPT-STRICT-3", "CKPT-BUF-1")
 
@@ -65,10 +76,16 @@ def test_round_trip_at_one_world_size(
 ) -> None:
     plan = data.draw(ckpt_plans(family, fmt, same_config=True), label="plan")
     directory = tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp())
-    results = run(round_trip_rank, plan, directory, world_size=plan.save.world_size)
-    check_on_disk(plan, path_for(directory, fmt))
-    for rank, out in enumerate(results):
-        check_round_trip(plan, out, rank)
+    saving = run(round_trip_save_rank, plan, directory, world_size=plan.save.world_size)
+    path = path_for(directory, fmt)
+    check_on_disk(plan, path)
+    # what the save wrote, before anything loads it: a wrong file fails here, telling what
+    # is wrong in it, and no load's consequence of it becomes a finding of its own
+    check_written(plan.save, fmt, path, where=plan.saved_at)
+    volatile = [out["volatile"] for out in saving]
+    loading = run(round_trip_load_rank, plan, directory, volatile, world_size=plan.load.world_size)
+    for rank, (saved, loaded) in enumerate(zip(saving, loading, strict=True)):
+        check_round_trip(plan, join_round_trip(saved, loaded), rank)
 
 
 def moments_plan(family: str, fmt: str) -> CkptPlan:
@@ -111,4 +128,26 @@ def test_round_trip_at_every_moment(
     values = {"family": {family}, "checkpoint": {fmt}}
     current().note_universe(moment_pairs(plan.moments, values))
     directory = tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp())
-    check_moments(plan, run(moments_rank, plan, directory, world_size=plan.save.world_size))
+    saves = moment_saves(plan, directory)
+    # one job saves at every moment and loads each save: a wrong checkpoint is told as
+    # written (what the loads met, and what they read back, are its consequences)
+    with judged_if_it_fails(fmt, saves, where=plan.saved_at):
+        outs = run(moments_rank, plan, directory, world_size=plan.save.world_size)
+    for scenario, path in saves:
+        check_written(scenario, fmt, path, where=plan.saved_at)
+    check_moments(plan, outs)
+
+
+def moment_saves(plan: CkptPlan, directory: str) -> list[tuple[Scenario, str]]:
+    """The moments' checkpoints (:func:`~suites.lib.ranks.checkpoint_moment_jobs.moments_rank`)
+    with the training each holds: none before the first step; step 1 of one micro-batch after
+    it, and in the save between step 2's micro-batches (the state before that step)."""
+    s = plan.save
+    before = dataclasses.replace(s, plan=dataclasses.replace(s.plan, steps=0))
+    one = dataclasses.replace(s.plan, steps=1, micro_batches=1, clip=None)  # as the job steps
+    after_one = dataclasses.replace(s, plan=one)
+    return [
+        (before, path_for(os.path.join(directory, "zero"), plan.fmt)),
+        (after_one, path_for(os.path.join(directory, "one"), plan.fmt)),
+        (after_one, path_for(os.path.join(directory, "mid"), plan.fmt)),
+    ]

@@ -39,6 +39,7 @@ from suites.lib.controller.scenarios import (
     train_plans,
     world_sizes,
 )
+from suites.lib.controller.written import check_written
 from suites.lib.ranks.checkpoint_jobs import load_rank, path_for, save_rank
 from suites.lib.ranks.fsdp2_jobs import (
     after_forward_rank,
@@ -162,6 +163,7 @@ def test_hsdp_checkpoints_load_at_another_mesh(
     )
     path = path_for(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()), fmt)
     saved = run(save_rank, plan, path, world_size=4)
+    check_written(plan.save, fmt, path, where=plan.saved_at)  # before the other mesh reads it
     loaded = run(load_rank, plan, path, world_size=2)
     assert_loaded_equals_saved(plan, saved, loaded, clause="FSDP2-3")
 

@@ -53,6 +53,7 @@ from suites.lib.controller.oracles import (
     scenario_tolerance,
 )
 from suites.lib.controller.scenarios import available_world_sizes
+from suites.lib.controller.written import check_written, judged_if_it_fails
 from suites.lib.ranks.checkpoint_jobs import path_for, round_trip_rank
 from suites.lib.ranks.training import RankResult
 from suites.lib.shared.specs import Scenario
@@ -135,7 +136,10 @@ def test_configuration_trains_and_round_trips(
     current().note_universe(universe(WORLDS))
     plan = round_trip_plan(row)
     directory = tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp())
-    outs = run(round_trip_rank, plan, directory, True, world_size=row.scenario.world_size)
+    path = path_for(directory, row.fmt)
+    # one job saves and loads: a wrong checkpoint is told as written, not as what the load met
+    with judged_if_it_fails(row.fmt, [(plan.save, path)], where=plan.saved_at):
+        outs = run(round_trip_rank, plan, directory, True, world_size=row.scenario.world_size)
     _assert_trains_like_the_plain_model([out["trained"] for out in outs], row.scenario)
     _assert_same_everywhere_and_stored_right(outs, row)
     for rank, out in enumerate(outs):
@@ -143,6 +147,7 @@ def test_configuration_trains_and_round_trips(
         before, saved = out["before"], out["saved"]
         assert_same_model(saved["model"], before["model"], clause="CKPT-SAVE-7", where=where)
         assert_same_optim(saved["optim"], before["optim"], clause="CKPT-SAVE-7", where=where)
-    check_on_disk(plan, path_for(directory, row.fmt))
+    check_on_disk(plan, path)
+    check_written(plan.save, row.fmt, path, where=plan.saved_at)  # before what the load read
     for rank, out in enumerate(outs):
         check_round_trip(plan, out, rank)

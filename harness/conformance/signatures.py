@@ -23,6 +23,7 @@ from types import TracebackType
 
 from harness.conformance.crash_site import OWN_DIRS, clause_at_crash, crashed_inside
 from harness.hypothesis_compat import is_wrapped_base_exception
+from harness.report.words import shorten
 from harness.verdicts.attribution import (
     ROUND_TRIP_CLAUSES,
     TRAINING_METHODS,
@@ -96,7 +97,7 @@ def mask(message: str) -> str:
     first = _first(message)
     for pattern, replacement in _MASKS:
         first = pattern.sub(replacement, first)
-    return first[:_KEY_CHARS]
+    return shorten(first, _KEY_CHARS, mark="")
 
 
 @dataclass(frozen=True)
@@ -425,6 +426,54 @@ def _no_message(type_name: str, traceback_text: str, where: str) -> str:
     return f"{short} with an empty message, raised in {where or 'an unknown place'}"
 
 
+#: what a check was doing when the strategy method it called raised, in words
+_DOING = {
+    "save_checkpoint": "saving a checkpoint",
+    "load_checkpoint": "loading a checkpoint",
+    "setup_environment": "setting up the environment",
+    "module_init_context": "building the model inside module_init_context",
+    "setup_module": "setting up the model",
+    "setup_optimizer": "setting up the optimizer",
+    "setup_module_and_optimizers": "setting up the model and its optimizers",
+    "forward": "a forward",
+    "backward": "a backward",
+    "optimizer_step": "an optimizer step",
+    "clip_gradients_norm": "clipping the gradients",
+    "no_backward_sync": "a step without gradient sync",
+    "all_reduce": "an all_reduce",
+    "broadcast": "a broadcast",
+    "barrier": "a barrier",
+    "teardown": "the teardown",
+}
+#: an exception text of fewer words does not say what happened on its own
+_BARE_WORDS = 8
+
+
+def _told(attribution: Attribution, text: str, traceback_text: str) -> Attribution:
+    """``attribution`` whose headline is a sentence when the exception's own text is too
+    bare to say what happened (a ``KeyError``'s key, torch's "Expected device to be set"):
+    in which of the suite's jobs, what the check was doing (the strategy method it called),
+    the exception's type and text, and the strategy's line: ``in trainer_load_rank, loading
+    a checkpoint (load_checkpoint) raised KeyError 'param_groups' at team.py:575
+    _load_optimizers``. The signature's key stays the masked text: only what is shown
+    changes."""
+    short = attribution.type_name.rsplit(".", 1)[-1]
+    bare = short == "KeyError" or len(text.split()) < _BARE_WORDS
+    if attribution.kind != "raised" or not text or not bare:
+        return attribution
+    suite = [
+        m["func"] for m in _FRAME.finditer(traceback_text) if m["file"].startswith(OWN_DIRS[-1])
+    ]
+    method = attribution.method
+    if not (method or suite):  # a test of the user's own: its words are its own
+        return attribution
+    doing = f"{_DOING.get(method, 'a call of')} ({method})" if method else "a call from the suite"
+    job = f"in {suite[0]}, " if suite else ""  # the outermost: the rank job, or the test
+    said = f"{short} {text}" if short == "KeyError" else f"{short}: {text}"
+    at = f" at {attribution.where}" if attribution.where else ""
+    return replace(attribution, message=f"{job}{doing} raised {said}{at}")
+
+
 def _strategy_frame(text: str) -> str:
     """The innermost frame of the strategy's own code in a formatted traceback: neither
     shardcheck's nor an installed library's nor Python's; ``""`` when there is none."""
@@ -461,7 +510,7 @@ def _attribute_plain(exc: BaseException) -> Attribution:
     first = _first(message) or _no_message(type_name, text, where)
     key = _assertion_key(message) if kind == "assertion" else mask(message)
     attribution = Attribution(clause, kind, type_name, key, where, first)
-    return _with_method(_strategy_site(attribution, text), text)
+    return _told(_with_method(_strategy_site(attribution, text), text), _first(message), text)
 
 
 def _first(message: str) -> str:
@@ -484,7 +533,8 @@ def _rank_attribution(failure: RankFailure, clause: str) -> Attribution:
         kind = "raised" if outside else "assertion"
         line = _first(error.message) or _no_message(error.type_name, error.traceback, where)
         attribution = Attribution(clause, kind, error.type_name, mask(error.message), where, line)
-        return _with_method(_strategy_site(attribution, error.traceback), error.traceback)
+        attribution = _with_method(_strategy_site(attribution, error.traceback), error.traceback)
+        return _told(attribution, _first(error.message), error.traceback)
     if first.kind == "crashed":
         what = f"exit code {first.exitcode}"
         clause = clause or clause_at_crash(first.stacks)

@@ -22,6 +22,7 @@ from harness.report import (
 from harness.report.markdown import clause_coverage_line, coverage_line
 from harness.report.model import environment_note
 from harness.report.outcome import Outcome
+from harness.report.words import shorten
 
 __all__ = [
     "finding_lines",
@@ -88,8 +89,18 @@ def headline(failure: str | None) -> str:
     return lines[0]
 
 
+def _why(check: Any, outcome: str, report: Report) -> str:
+    """Why a check did not pass, in one line: for a failed or blocked check, its finding's
+    headline (what is wrong first, as the findings above say it); else (a hang's or a
+    desync's story, an error, a reason) its failure's first line."""
+    finding = next((f for f in report.findings if f.id == check.finding), None)
+    if finding is None or outcome not in ("failed", "blocked"):
+        return headline(check.failure)
+    return f"{finding.id}: {unprefixed(finding.message, finding.clauses)}"
+
+
 def _clip(line: str) -> str:
-    return line if len(line) <= _WIDTH else line[: _WIDTH - 3] + "..."
+    return shorten(line, _WIDTH)
 
 
 def finding_lines(report: Report) -> list[str]:
@@ -101,7 +112,7 @@ def finding_lines(report: Report) -> list[str]:
     for f in report.findings:
         late = " (after the checks' properties: their verdicts stand)" if f.late else ""
         message = unprefixed(f.message, f.clauses)
-        lines.append(_clip(f"  {f.id} {', '.join(f.clauses)}: {message}{late}"))
+        lines.append(f"  {f.id} {', '.join(f.clauses)}: {message}{late}")  # whole: the point
         if f.where:
             raised = f" (raised in {f.raised_in})" if f.raised_in else ""
             lines.append(_clip(f"     at {f.where}{raised}"))
@@ -141,7 +152,7 @@ def summary_lines(config: pytest.Config, report: Report) -> list[str]:
                     lines.append(f"  {'':<16} {'':<12} by family: {split}")
             continue
         worst = next((c for c in members if c.clause_outcome(clause) == outcome), None)
-        why = f"{worst.id}: {headline(worst.failure)}" if worst else "see the findings"
+        why = f"{worst.id}: {_why(worst, outcome, report)}" if worst else "see the findings"
         if outcome == "failed" and worst is None:
             why = next(
                 (f"{f.id}: {f.message}" for f in report.findings if clause in f.clauses), why

@@ -21,6 +21,7 @@ from harness.report.matrix import COVERED, NEVER, REACHED, CoverageMatrix, cover
 from harness.report.model import NO_CLAUSE, Report, clause_family_outcomes, clause_outcomes
 from harness.report.outcome import Outcome
 from harness.report.verdict import verdict
+from harness.report.words import shorten
 
 __all__ = ["render_html"]
 
@@ -98,7 +99,7 @@ def _badge(outcome: str) -> str:
 
 def _first_line(text: str | None, limit: int = 300) -> str:
     line = next((x.strip() for x in (text or "").splitlines() if x.strip()), "")
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+    return shorten(line, limit)
 
 
 def _more(items: list[str], shown: int) -> str:

@@ -25,6 +25,7 @@ from harness.report.model import (
     environment_note,
 )
 from harness.report.verdict import verdict
+from harness.report.words import shorten
 
 __all__ = ["SUMMARY_LIMIT", "render_summary"]
 
@@ -35,8 +36,7 @@ _LINE = 400  # the most characters of a header line
 
 
 def _clip(text: object, limit: int) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return shorten(" ".join(str(text).split()), limit)
 
 
 def _code(text: str, limit: int = _TEXT) -> str:

@@ -81,7 +81,7 @@ def test_clause_takes_the_worst_outcome_and_summary_names_it(run_suite: RunSuite
             "checks: 2 passed, 1 failed, 1 error, 1 unsupported, 1 environment"
             " (6 checks, 6 clauses)",
             "  CFG-1 * unsupported * test_fake.test_unsupported: unsupported: sharding_strategy=*",
-            "  CKPT-RT-2 * failed * test_fake.test_fail: AssertionError*",
+            "  CKPT-RT-2 * failed * test_fake.test_fail: F1: assert {*",
         ]
     )
 

@@ -124,6 +124,8 @@ class Reference:
         state: the final model state dict (parameters and persistent buffers).
         grads: the gradients of the last step (after clipping), by name.
         initial: the state dict before training.
+        optim: the plain optimizer's state at the end, keyed by parameter names
+            (:func:`named_optim_state`): what a checkpoint saved then must hold.
     """
 
     losses: list[list[list[float]]] = field(default_factory=list)
@@ -131,6 +133,7 @@ class Reference:
     state: dict[str, Tensor] = field(default_factory=dict)
     grads: dict[str, Tensor | None] = field(default_factory=dict)
     initial: dict[str, Tensor] = field(default_factory=dict)
+    optim: dict = field(default_factory=dict)
 
 
 def reference_model(scenario: Scenario) -> nn.Module:
@@ -196,6 +199,7 @@ def _reference_run(scenario: Scenario, steps: int) -> Reference:
         }
         optimizer.step()
     ref.state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    ref.optim = named_optim_state(model, optimizer)
     return ref
 
 

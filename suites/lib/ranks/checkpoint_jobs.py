@@ -62,13 +62,16 @@ __all__ = [
     "copy_buffers",
     "error_scenario",
     "format_options",
+    "join_round_trip",
     "load_rank",
     "never_stepped",
     "nonpersistent_buffers",
     "path_for",
     "read_state",
     "read_unstepped",
+    "round_trip_load_rank",
     "round_trip_rank",
+    "round_trip_save_rank",
     "save_rank",
     "saved_nonpersistent",
     "train_plan",
@@ -184,9 +187,13 @@ def check_no_saved_nonpersistent(ctx: RankContext, plan: CkptPlan, path: str) ->
         )
 
 
-def copy_buffers(target: torch.nn.Module, source: torch.nn.Module, names: set[str]) -> None:
-    """Copy the named (non-persistent) buffers of ``source`` into ``target`` (clean names)."""
-    values = {clean_name(n): b for n, b in source.named_buffers() if clean_name(n) in names}
+def copy_buffers(
+    target: torch.nn.Module, source: torch.nn.Module | dict[str, Tensor], names: set[str]
+) -> None:
+    """Copy the named (non-persistent) buffers of ``source`` (a model, or their values by
+    clean name, as :func:`nonpersistent_buffers` gives them) into ``target``."""
+    named = source.items() if isinstance(source, dict) else source.named_buffers()
+    values = {clean_name(n): b for n, b in named if clean_name(n) in names}
     with torch.no_grad():
         for n, b in target.named_buffers():
             if clean_name(n) in values:
@@ -309,6 +316,10 @@ def round_trip_rank(
     the optimizer, stepped as often as it; the load asks for it back into a fresh scheduler
     over the fresh optimizer (CKPT-SAVE-4, CKPT-LOAD-2).
 
+    The same round trip in two jobs, with the checkpoint judged as written in between, is
+    :func:`round_trip_save_rank` then :func:`round_trip_load_rank`; this one job keeps both
+    sets of objects alive together (the configuration cover runs it).
+
     Args:
         ctx: the harness ``RankContext``.
         plan: the round trip (``plan.load`` at the same world size).
@@ -328,6 +339,81 @@ def round_trip_rank(
         :func:`suites.lib.controller.checkpoint_checks.check_round_trip`), plus ``trained``,
         ``before`` and ``dtypes`` with ``effects``.
     """
+    t, scheduler, saving = _round_trip_save(ctx, plan, directory, effects)
+    saving["scheduler"] = read_scheduler(scheduler)
+    f, loading = _round_trip_load(ctx, plan, directory)
+    copy_buffers(f.model, t.model, _volatile(plan))  # not saved by design: align them to step on
+    train_plan(t, plan.save, steps=1)
+    train_plan(f, plan.load, steps=1)
+    # the models only: gathering the optimizers too (two collectives per state tensor) cost
+    # a fifth of the round trip's rank time, for state nobody compares
+    saving["stepped"], loading["stepped"] = gathered_state(t.model), gathered_state(f.model)
+    out = join_round_trip(saving, loading)
+    end(t.strategy)
+    end(f.strategy)
+    return out
+
+
+def round_trip_save_rank(
+    ctx: RankContext, plan: CkptPlan, directory: str, effects: bool = False
+) -> dict[str, Any]:
+    """Rank job, the first half of :func:`round_trip_rank`: train ``plan.save``, save it
+    with metadata and a scheduler, read it, then take one more step with the saved objects.
+
+    Returns:
+        ``saved`` (read after the save), ``scheduler`` (its state at the save), ``volatile``
+        (the non-persistent buffers at the save, which :func:`round_trip_load_rank` copies
+        into the fresh objects), ``stepped`` (the model after one more step), plus
+        ``trained``, ``before`` and ``dtypes`` with ``effects``.
+    """
+    t, scheduler, out = _round_trip_save(ctx, plan, directory, effects)
+    out["scheduler"] = read_scheduler(scheduler)
+    out["volatile"] = nonpersistent_buffers(t.model, _volatile(plan))
+    train_plan(t, plan.save, steps=1)
+    out["stepped"] = gathered_state(t.model)
+    end(t.strategy)
+    return out
+
+
+def round_trip_load_rank(
+    ctx: RankContext, plan: CkptPlan, directory: str, volatile: list[dict[str, Tensor]]
+) -> dict[str, Any]:
+    """Rank job, the second half of :func:`round_trip_rank`: load the checkpoint
+    :func:`round_trip_save_rank` wrote into fresh objects of ``plan.load``, read them, then
+    take one step with them.
+
+    Args:
+        ctx: the harness ``RankContext``.
+        plan: the round trip.
+        directory: where the checkpoint is.
+        volatile: each saving rank's non-persistent buffers (``volatile`` of the first
+            half), copied into this rank's fresh model before its step.
+    """
+    f, out = _round_trip_load(ctx, plan, directory)
+    copy_buffers(f.model, volatile[ctx.rank], _volatile(plan))
+    train_plan(f, plan.load, steps=1)
+    out["stepped"] = gathered_state(f.model)
+    end(f.strategy)
+    return out
+
+
+def join_round_trip(saving: dict[str, Any], loading: dict[str, Any]) -> dict[str, Any]:
+    """One rank's outputs of both halves as :func:`round_trip_rank` returns them."""
+    out = {k: v for k, v in saving.items() if k not in ("scheduler", "volatile", "stepped")}
+    out.update({k: v for k, v in loading.items() if k not in ("scheduler", "stepped")})
+    out["scheduler"] = {**loading["scheduler"], "saved": saving["scheduler"]}
+    out["after_step"] = (saving["stepped"], loading["stepped"])
+    return out
+
+
+def _volatile(plan: CkptPlan) -> set[str]:
+    plain = build_model(plan.load.model, "meta")
+    return set(dict(plain.named_buffers())) - set(plain.state_dict())
+
+
+def _round_trip_save(
+    ctx: RankContext, plan: CkptPlan, directory: str, effects: bool
+) -> tuple[Trained, Any, dict[str, Any]]:
     path = path_for(directory, plan.fmt)
     t = build(ctx, plan.save, plan.fmt)
     trained = train_plan(t, plan.save)
@@ -359,7 +445,13 @@ def round_trip_rank(
     saved = read(t)  # after the save (which must not have stepped an optimizer without state)
     with clause("CKPT-BUF-1"):  # before the load, whose strict key check would meet them first
         check_no_saved_nonpersistent(ctx, plan, path)
+    return t, scheduler, {"saved": saved, **extra}
 
+
+def _round_trip_load(
+    ctx: RankContext, plan: CkptPlan, directory: str
+) -> tuple[Trained, dict[str, Any]]:
+    path = path_for(directory, plan.fmt)
     f = build(ctx, plan.load, plan.fmt)
     fresh_scheduler = make_scheduler(f.optimizer)  # built before the load, as a trainer does
     state: dict[str, Any] = {
@@ -370,32 +462,20 @@ def round_trip_rank(
     }
     counter = state.get("counter")
     returned = f.strategy.load_checkpoint(path, state)
+    read = read_unstepped if plan.save.plan.steps == 0 else read_state
     loaded = read(f)
     restored_scheduler = state.get(SCHEDULER_KEY)
-    plain = build_model(plan.load.model, "meta")
-    volatile = set(dict(plain.named_buffers())) - set(plain.state_dict())
     out = {
-        "saved": saved,
         "loaded": loaded,
         "restored": plain_metadata({k: state[k] for k in plan.requested}),
         "same_counter": counter is None or state["counter"] is counter,
         "returned": plain_metadata(dict(returned or {})),
-        "volatile": nonpersistent_buffers(f.model, volatile),
+        "volatile": nonpersistent_buffers(f.model, _volatile(plan)),
         "scheduler": {  # the caller's object after the load, whatever state[key] holds
-            "saved": read_scheduler(scheduler),
             "loaded": read_scheduler(fresh_scheduler),
             "replaced_by": (
                 None if restored_scheduler is fresh_scheduler else type(restored_scheduler).__name__
             ),
         },
-        **extra,
     }
-    copy_buffers(f.model, t.model, volatile)  # not saved by design: align them to step on
-    train_plan(t, plan.save, steps=1)
-    train_plan(f, plan.load, steps=1)
-    # the models only: gathering the optimizers too (two collectives per state tensor) cost
-    # a fifth of the round trip's rank time, for state nobody compares
-    out["after_step"] = (gathered_state(t.model), gathered_state(f.model))
-    end(t.strategy)
-    end(f.strategy)
-    return out
+    return f, out

@@ -109,6 +109,11 @@ class CkptPlan:
     moments: tuple[str, ...] = ()
 
     @property
+    def saved_at(self) -> str:
+        """``"saved at world size A (family, format)"`` for failure messages about the save."""
+        return f"saved at world size {self.save.world_size} ({self.save.family}, {self.fmt})"
+
+    @property
     def worlds(self) -> str:
         """``"save at world size A, load at world size B"`` for failure messages."""
         return (

@@ -21,6 +21,7 @@ from torch.optim import Optimizer
 
 import reference_impl
 from harness.contract import StrategySpec, Unsupported
+from reference_impl import model_parallel_ops
 from reference_impl.fsdp import FSDPStrategy
 from reference_impl.fsdp2 import FSDP2Strategy
 
@@ -48,26 +49,21 @@ def _as(strategy: Any, bug: type, base: type) -> Any:
     return broken
 
 
-class _ClipsOnFullGradients:
-    """Computes the global norm from every gradient gathered whole (``full_tensor()``): the
-    norm and the scaling are right; every rank all-gathers the model's gradients to get it."""
+def _norm_of_whole_gradients(grads: list[Tensor], norm_type: float, device: torch.device) -> Tensor:
+    """The global norm computed from every gradient gathered whole (``full_tensor()``): the
+    same number as a norm of the shards, with the whole model's gradients all-gathered."""
+    whole = [g.full_tensor() if isinstance(g, DTensor) else g for g in grads]
+    norm = torch.nn.utils.get_total_norm(whole, norm_type, foreach=False)
+    return norm.to(device=device, dtype=torch.float32)
 
-    def clip_gradients_norm(
-        self,
-        module: nn.Module,
-        optimizer: Optimizer,
-        max_norm: float,
-        norm_type: float = 2.0,
-        error_if_nonfinite: bool = True,
-    ) -> Tensor:
-        self._require_root(module, "clip_gradients_norm")  # type: ignore[attr-defined]
-        grads = [p.grad for p in module.parameters() if p.grad is not None]
-        whole = [g.full_tensor() if isinstance(g, DTensor) else g for g in grads]
-        total = torch.nn.utils.get_total_norm(whole, norm_type, error_if_nonfinite)
-        scale = min(1.0, max_norm / (float(total) + 1e-6))
-        for grad in grads:
-            grad.mul_(scale)
-        return total
+
+class _ClipsOnFullGradients:
+    """``clip_gradients_norm`` as the reference does it (unscaling, the refusal of a module
+    that is not the root, the scaling), but the norm of gradients gathered whole."""
+
+    def clip_gradients_norm(self, *args: Any, **kwargs: Any) -> Tensor:
+        with mock.patch.object(model_parallel_ops, "grad_norm", _norm_of_whole_gradients):
+            return super().clip_gradients_norm(*args, **kwargs)  # type: ignore[misc, no-any-return]
 
 
 def clips_on_full_gradients(spec: StrategySpec) -> Any:

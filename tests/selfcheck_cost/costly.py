@@ -14,6 +14,7 @@ from typing import Any
 from unittest import mock
 
 import torch
+from selfcheck_fsdp2.broken import _as, _reference
 from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
@@ -23,7 +24,6 @@ import reference_impl
 from harness.contract import StrategySpec, Unsupported
 from reference_impl import model_parallel_ops
 from reference_impl.fsdp import FSDPStrategy
-from reference_impl.fsdp2 import FSDP2Strategy
 
 __all__ = [
     "clips_on_full_gradients",
@@ -32,21 +32,6 @@ __all__ = [
     "syncs_inside_no_backward_sync",
     "zero2_for_full_shard",
 ]
-
-
-def _fsdp2(spec: StrategySpec) -> FSDP2Strategy:
-    if spec.family != "fsdp2":
-        raise Unsupported("the planted cost bug is an fsdp2 strategy's", "family", spec.family)
-    strategy = reference_impl.make_strategy(spec)
-    assert isinstance(strategy, FSDP2Strategy)
-    return strategy
-
-
-def _as(strategy: Any, bug: type, base: type) -> Any:
-    cls = type(f"{bug.__name__}{base.__name__}", (bug, base), {})
-    broken: Any = object.__new__(cls)
-    broken.__dict__.update(strategy.__dict__)
-    return broken
 
 
 def _norm_of_whole_gradients(grads: list[Tensor], norm_type: float, device: torch.device) -> Tensor:
@@ -68,7 +53,7 @@ class _ClipsOnFullGradients:
 
 def clips_on_full_gradients(spec: StrategySpec) -> Any:
     """COMM-2: clipping all-gathers the gradients."""
-    return _as(_fsdp2(spec), _ClipsOnFullGradients, FSDP2Strategy)
+    return _as(_reference(spec), _ClipsOnFullGradients)
 
 
 class _SyncsInsideNoBackwardSync:
@@ -83,7 +68,7 @@ class _SyncsInsideNoBackwardSync:
 
 def syncs_inside_no_backward_sync(spec: StrategySpec) -> Any:
     """COMM-3: gradients are reduced inside ``no_backward_sync(enabled=True)``."""
-    return _as(_fsdp2(spec), _SyncsInsideNoBackwardSync, FSDP2Strategy)
+    return _as(_reference(spec), _SyncsInsideNoBackwardSync)
 
 
 class _GathersFullStateOnEveryRank:
@@ -97,7 +82,7 @@ class _GathersFullStateOnEveryRank:
 
 def gathers_full_state_on_every_rank(spec: StrategySpec) -> Any:
     """MEM-3: a full save gathers the whole state on every rank."""
-    return _as(_fsdp2(spec), _GathersFullStateOnEveryRank, FSDP2Strategy)
+    return _as(_reference(spec), _GathersFullStateOnEveryRank)
 
 
 class _RegathersAfterTheStep:
@@ -126,7 +111,7 @@ def _units(root: nn.Module) -> Iterator[FSDPModule]:
 
 def regathers_after_the_step(spec: StrategySpec) -> Any:
     """MEM-1: parameters stay gathered between steps."""
-    return _as(_fsdp2(spec), _RegathersAfterTheStep, FSDP2Strategy)
+    return _as(_reference(spec), _RegathersAfterTheStep)
 
 
 def zero2_for_full_shard(spec: StrategySpec) -> Any:

@@ -159,7 +159,8 @@ def summary_lines(config: pytest.Config, report: Report) -> list[str]:
         offered = ", ".join(f for f in FAMILIES if f not in refused_families(report.checks))
         lines.append(
             _clip(
-                f"  not applicable ({len(inapplicable)} clauses; the strategy offers only "
+                f"  not applicable ({len(inapplicable)} clause{'s' * (len(inapplicable) > 1)}; "
+                f"the strategy offers only "
                 f"{offered}): {', '.join(inapplicable)}"
             )
         )

@@ -49,11 +49,12 @@ def run(
             refused without a rank job once every one is; the refusal is marked as one that
             every example of the check meets (:func:`harness.run.remembered.built_families`),
             so the check gives up after a few.
-        by_reference: a scenario among ``args`` that the job builds with the reference
-            strategy of its family where the strategy under test refuses that family
-            (:func:`suites.lib.ranks.checkpoint_jobs.save_rank_or_reference`): a remembered
-            refusal of it does not refuse the job, and the job's refusals are not
-            remembered for it.
+        by_reference: a scenario among ``args`` that the job does not build with the
+            strategy under test where that strategy refuses its family: the job builds it
+            with the reference strategy of its family
+            (:func:`suites.lib.ranks.checkpoint_jobs.save_rank_or_reference`), or does not
+            build it at all (the load of what that job wrote). A remembered refusal of it
+            does not refuse the job, and the job's refusals are not remembered for it.
     """
     __tracebackhide__ = True  # a failure's traceback shows the check and the ranks, not this
     from harness import RankFailure, Unsupported, run_on_ranks

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from torch.distributed.fsdp import CPUOffloadPolicy
+
 from harness import StrategySpec, Unsupported
 from reference_impl import FSDP2Strategy  # stands in for your own strategy class
 
@@ -28,7 +30,9 @@ def make_strategy(spec: StrategySpec) -> FSDP2Strategy:
                 f"{name}={getattr(spec, name)!r} is not an option of an fsdp2 strategy; "
                 f"leave it at its default ({defaults[name]!r})."
             )
-    if spec.cpu_offload and spec.device.type == "cpu":
+    # only True and a CPUOffloadPolicy offload: OffloadPolicy() (no offload) is not refused
+    offloads = spec.cpu_offload is True or isinstance(spec.cpu_offload, CPUOffloadPolicy)
+    if offloads and spec.device.type == "cpu":
         raise Unsupported("offload needs an accelerator", "cpu_offload", spec.cpu_offload)
     return FSDP2Strategy(
         precision=spec.precision,  # becomes the units' MixedPrecisionPolicy

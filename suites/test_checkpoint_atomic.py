@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 
 from harness import RankFailure, clause
 from harness.api import current_config
+from harness.clauses import CLAUSES
 from suites.lib.controller.checkpoint_checks import assert_same_model, assert_same_optim
 from suites.lib.controller.checkpoint_plans import ckpt_plans
 from suites.lib.controller.clause_covers import covering_rows, round_trip_plan
@@ -79,7 +80,7 @@ def _faulty_save(plan: CkptPlan, path: str, fault: str, where: str) -> list[str]
 
 
 @pytest.mark.clause(CLAUSE)
-@pytest.mark.parametrize("family", ["fsdp", "model_parallel"])
+@pytest.mark.parametrize("family", CLAUSES[CLAUSE].families)
 @pytest.mark.parametrize("fmt,fault", CASES, ids=[f"{m}-{f}" for m, f in CASES])
 @examples(1)
 @given(data=st.data())

@@ -1,5 +1,5 @@
 """CONTRACT.md CKPT-TRAINER-1, CKPT-RT-2 and CKPT-RT-4 (MP-3 for model_parallel): a list of
-optimizers (the trainer's ``optimizer_states``) in the sharded format, both families.
+optimizers (the trainer's ``optimizer_states``) in the sharded format, every family.
 
 One job per example saves a model and two optimizers (the blocks / the rest, at two learning
 rates) under one key as a list, in the sharded format, then loads that directory into fresh
@@ -48,7 +48,8 @@ def _param(family: str) -> Any:
 
 def _unit_aligned(plan: CkptPlan) -> CkptPlan:
     """Every block a ``Block`` that is its own FSDP1 unit: each flat parameter then lies in
-    one of the two optimizers (blocks / the rest), as FSDP1's optimizer state needs."""
+    one of the two optimizers (blocks / the rest), as FSDP1's optimizer state needs (the
+    DTensor families shard each parameter on its own: only the model is made plain)."""
 
     def align(scenario: Scenario) -> Scenario:
         strategy = scenario.strategy
@@ -89,7 +90,7 @@ def _check_converted(content: dict[str, Any], saved: dict[str, Any], where: str)
     assert content.get("epoch") == 2, f"CKPT-RT-4: {where}: metadata 'epoch' is lost"
 
 
-@pytest.mark.parametrize("family", [_param(f) for f in ("fsdp", "model_parallel")])
+@pytest.mark.parametrize("family", [_param(f) for f in ("fsdp", "model_parallel", "fsdp2")])
 @examples(2)
 @given(data=st.data())
 def test_list_of_optimizers_round_trips_sharded_and_converts(

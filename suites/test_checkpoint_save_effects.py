@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harness.clauses import CLAUSES
 from suites.lib.controller.checkpoint_checks import tree_diff
 from suites.lib.controller.checkpoint_plans import ckpt_plans
 from suites.lib.controller.dispatch import run
@@ -56,7 +57,7 @@ def check_nothing_changed(plan: CkptPlan, out: dict[str, Any], rank: int) -> Non
 
 @pytest.mark.clause(CLAUSE)
 @pytest.mark.parametrize(
-    "family,fmt", [(f, m) for f in ("fsdp", "model_parallel") for m in ("full", "sharded")]
+    "family,fmt", [(f, m) for f in CLAUSES[CLAUSE].families for m in ("full", "sharded")]
 )
 @examples(2)
 @given(data=st.data())

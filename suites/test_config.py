@@ -1,5 +1,6 @@
 """CONTRACT.md CFG-1..CFG-6: the fsdp family's options (CFG-3 and CFG-4 the fsdp2 family's too:
-their jobs run each of the two families the strategy builds, and report which).
+their jobs run each of the two families the strategy builds, and report which; CFG-6 is
+parametrized with each family it applies to).
 
 Bad input must get a clear error: the tests check the exception type and, with
 ``pytest.raises(..., match=...)`` on the ranks, the key words of the message (the value and
@@ -19,6 +20,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from harness import run_on_ranks
+from harness.clauses import CLAUSES
 from suites.lib.controller.cuda_env import has_accelerator
 from suites.lib.controller.dispatch import report, run
 from suites.lib.controller.oracles import assert_parity
@@ -27,6 +29,7 @@ from suites.lib.ranks.config_jobs import (
     SELF_SHARDING,
     device_mesh_rank,
     hybrid_rank,
+    offload_forms,
     offload_rank,
     orig_params_rank,
     policy_rank,
@@ -196,16 +199,19 @@ def test_use_orig_params() -> None:
 
 
 @pytest.mark.clause("CFG-6")
-def test_cpu_offload_of_parameters_without_an_accelerator_is_refused() -> None:
+@pytest.mark.parametrize("family", CLAUSES["CFG-6"].families)
+def test_cpu_offload_of_parameters_without_an_accelerator_is_refused(family: str) -> None:
     if has_accelerator():
         pytest.skip("environment: CFG-6's refusal applies to machines without an accelerator")
-    for rank, seen in enumerate(run_on_ranks(offload_rank, world_size=job_world())):
-        for label in ("False", "CPUOffload(False)"):
-            assert seen[label] == ("ok", ""), f"rank {rank}: cpu_offload={label}: {seen[label]}"
-        for label in ("True", "CPUOffload(True)"):
+    seen_by_rank = run(offload_rank, family, world_size=job_world(), families=(family,))
+    for rank, seen in enumerate(seen_by_rank):
+        for label, _, offloads in offload_forms(family):
+            what = f"rank {rank} ({family}): cpu_offload={label}"
+            if not offloads:
+                assert seen[label] == ("ok", ""), f"{what}: {seen[label]}"
+                continue
             kind, message = seen[label]
             assert kind in ("ValueError", "unsupported") and "cpu_offload" in message, (
-                f"rank {rank}: cpu_offload={label} on a machine without an accelerator must "
-                f"raise ValueError (or be declared Unsupported) naming cpu_offload; got "
-                f"{kind}: {message or 'no error'}"
+                f"{what} on a machine without an accelerator must raise ValueError (or be "
+                f"declared Unsupported) naming cpu_offload; got {kind}: {message or 'no error'}"
             )

@@ -7,7 +7,8 @@ world sizes up to the largest one with a GPU per rank. (``16-mixed`` with the sh
 scaler on CPU ranks is checked in ``test_precision.py``.)
 
 Clauses: CFG-6 and TRAIN-1 (parameter offload trains like the plain model, parameters and
-optimizer state stay on the CPU between steps, compute runs on the GPU), PREC-2 and TRAIN-1
+optimizer state stay on the CPU between steps, compute runs on the GPU; for each family CFG-6
+applies to), PREC-2 and TRAIN-1
 (mixed precision computes in the low dtype on the GPU, keeps float32 masters, matches the
 plain model; the sharded grad scaler skips a step on every rank), API-6 (the root device is
 the rank's CUDA device).
@@ -29,6 +30,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness import run_on_ranks
+from harness.clauses import CLAUSES
 from suites.lib.controller.cuda_env import MIN_WORLD, cuda_world_max, session_cuda_skip_reason
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.oracles import assert_close_state, assert_parity, assert_same_on_ranks
@@ -106,18 +108,27 @@ def _drawn(
     return st.tuples(drawn, st.sampled_from(precisions)).map(lambda pair: with_precision(*pair))
 
 
-@pytest.mark.clause("CFG-6", "TRAIN-1")
-@given(
-    scenario=_drawn(
-        "fsdp",
+#: per family CFG-6 applies to: the precisions drawn, the plans, and the forms of
+#: ``cpu_offload`` that offload (a bool, or the family's own object)
+_OFFLOADED = {
+    "fsdp": (
         ("32-true", "bf16-mixed", "16-mixed"),
         train_plans(clip=None),  # [Note: one micro-batch for FSDP1 here]
+        ("True", "CPUOffload"),
     ),
-    form=st.sampled_from(("True", "CPUOffload")),
-)
-def test_fsdp_cpu_offload_keeps_parameters_on_cpu_and_trains_like_the_plain_model(
-    cuda_world: int, scenario: Scenario, form: str
+    "fsdp2": (("32-true", "bf16-mixed"), train_plans(max_micro=2), ("True", "CPUOffloadPolicy")),
+}
+
+
+@pytest.mark.clause("CFG-6", "TRAIN-1")
+@pytest.mark.parametrize("family", CLAUSES["CFG-6"].families)
+@given(data=st.data())
+def test_cpu_offload_keeps_parameters_on_cpu_and_trains_like_the_plain_model(
+    cuda_world: int, family: str, data: st.DataObject
 ) -> None:
+    precisions, plans, forms = _OFFLOADED[family]
+    scenario = data.draw(_drawn(family, precisions, plans), label="scenario")
+    form = data.draw(st.sampled_from(forms), label="form")
     results = run(observed_train_rank, scenario, form, world_size=scenario.world_size)
     _check_offloaded(results, scenario)
     assert_parity(results, scenario)
@@ -205,7 +216,7 @@ def test_cuda_sharded_grad_scaler_skips_the_step_on_every_rank(
 
 
 @pytest.mark.clause("API-6")
-@pytest.mark.parametrize("family", ["fsdp", "model_parallel"])
+@pytest.mark.parametrize("family", CLAUSES["API-6"].families)
 def test_root_device_is_the_ranks_cuda_device(cuda_world: int, family: str) -> None:
     for rank, out in enumerate(run_on_ranks(device_rank, family, world_size=cuda_world)):
         cuda = out["expected"]

@@ -30,9 +30,15 @@ same point (:mod:`suites.lib.controller.session_twin`) within the tolerance of t
 precision the session trained in (step counts exactly), under the clause the rule exercises
 (``TRAIN-4``; ``CKPT-RT-4`` after loading a converted checkpoint, ``CKPT-RT-6`` after a
 cross-family load). Hypothesis shrinks a failing session to its shortest op sequence and
-prints it. After the drawn sessions, a scripted session per family
-(:func:`~suites.lib.controller.session_driver.scripted_session`) runs every rule, both
-directions of the cross-family load included, on a demanding scenario, and saves at every
+prints it. The sessions of one family (``test_training_session_tracks_the_plain_twin``) never
+load into another family, so that a strategy of one family runs them; the loads into another
+family have a check of their own (``test_training_session_loads_into_another_family``: a
+scripted session both ways,
+:func:`~suites.lib.controller.session_driver.cross_family_session`, then drawn sessions with
+every rule), unsupported where the strategy offers one family. After the drawn sessions of one
+family, a scripted session per family
+(:func:`~suites.lib.controller.session_driver.scripted_session`) runs every other rule on a
+demanding scenario, and saves at every
 moment of the ``moment`` axis (before the first step, a second save after more training,
 mid-accumulation), each loaded back, and loads into objects holding gradients; the test
 prints the rules run per family and fails if one never ran.
@@ -77,6 +83,7 @@ from suites.lib.controller.session_driver import (
     SHORT_MOMENTS,
     Micro,
     SessionDriver,
+    cross_family_session,
     frozen_start_session,
     scripted_session,
     short_session,
@@ -95,6 +102,9 @@ class TrainingSession(SessionDriver, RuleBasedStateMachine):
     job = staticmethod(segment_rank)
     probe = staticmethod(setup_probe_rank)
     path = staticmethod(checkpoint_path)
+    #: whether the session may load into another family (``load_other_family``): off in the
+    #: sessions of one family, which a strategy of one family runs
+    cross_family = True
 
     @initialize(
         fmt=st.sampled_from(FORMATS),
@@ -213,7 +223,7 @@ class TrainingSession(SessionDriver, RuleBasedStateMachine):
         """Full checkpoints that another family can load at the session's precision."""
         return [n for n in self._names("full") if self._other_families(n)]
 
-    @precondition(lambda self: bool(self._crossable()))
+    @precondition(lambda self: self.cross_family and bool(self._crossable()))
     @rule(world=world_sizes(2), fmt=st.sampled_from(FORMATS), data=st.data())
     def load_other_family(self, world: int, fmt: str, data: st.DataObject) -> None:
         """Load a full checkpoint into fresh objects of another family (CKPT-RT-6)."""
@@ -274,33 +284,63 @@ def _sessions(family: str) -> int:
     return min(drawn, DERANDOMIZED_SESSIONS) if settings().derandomize else drawn
 
 
-@pytest.mark.clause("TRAIN-4", "CKPT-RT-4", "CKPT-RT-6")
-@pytest.mark.parametrize("family", SESSION_FAMILIES)
-@pytest.mark.timeout(max(300, SECONDS_PER_SESSION * (_sessions("fsdp") + 2)))
-def test_training_session_tracks_the_plain_twin(family: str) -> None:
-    # the moments the scripted session saves at, in its sharded format (after a step and a
-    # second save are declared beside every value by the short covering sessions below)
-    values = {"family": {family}, "checkpoint": {"sharded"}}
-    current().note_universe(moment_pairs(MOMENTS[1:], values))
+#: the rules of a session of one family (all but the load into another family)
+ONE_FAMILY_RULES = tuple(r for r in RULES if r != "load_other_family")
+
+
+def _drawn_and_scripted(family: str, cross_family: bool) -> None:
+    """Drawn sessions of ``family`` (loading into another family or not), then the scripted
+    one (:func:`scripted_session`, or :func:`cross_family_session`); prints the rules run
+    and fails if one of those the sessions are for never ran on ``family``'s objects."""
     COUNTS.clear()
     began = time.monotonic()
-    machine = type(f"TrainingSession_{family}", (TrainingSession,), {"family": family})
+    attributes = {"family": family, "cross_family": cross_family}
+    machine = type(f"TrainingSession_{family}", (TrainingSession,), attributes)
+    if cross_family:  # probes the other family first: a refusal ends the check at once
+        cross_family_session(TrainingSession, family)
     run_state_machine_as_test(
         machine,
         settings=settings(max_examples=_sessions(family), stateful_step_count=SESSION_STEPS),
     )
     drawn = time.monotonic() - began
-    scripted_session(TrainingSession, family)  # after: a failure found by drawing is shrunk
+    if not cross_family:
+        scripted_session(TrainingSession, family)  # after: a failure found drawing is shrunk
+    rules = ("load_other_family",) if cross_family else ONE_FAMILY_RULES
     counts = {f: {r: COUNTS[(f, r)] for r in RULES} for f in SESSION_FAMILIES}
     precisions = {p: COUNTS[(family, f"precision {p}")] for p in PRECISIONS[family]}
     print(
         f"TRAIN-4 session rules run, starting from {family}: {counts}; "
         f"sessions drawn {COUNTS[(family, 'drawn')]} (by precision: {precisions}); "
-        f"drawn ones {drawn:.1f} s, "
+        f"drawn and cross-family ones {drawn:.1f} s, "
         f"scripted session {time.monotonic() - began - drawn:.1f} s"
     )
-    missing = [r for r in RULES if not COUNTS[(family, r)]]
+    missing = [r for r in rules if not COUNTS[(family, r)]]
     assert not missing, f"TRAIN-4: rules never run on {family} objects: {missing}"
+
+
+@pytest.mark.clause("TRAIN-4", "CKPT-RT-4")
+@pytest.mark.parametrize("family", SESSION_FAMILIES)
+@pytest.mark.timeout(max(300, SECONDS_PER_SESSION * (_sessions("fsdp") + 2)))
+def test_training_session_tracks_the_plain_twin(family: str) -> None:
+    """Sessions on objects of ``family`` only, every rule but the load into another family:
+    a strategy that offers one family runs them (the cross-family loads are the next
+    check's)."""
+    # the moments the scripted session saves at, in its sharded format (after a step and a
+    # second save are declared beside every value by the short covering sessions below)
+    values = {"family": {family}, "checkpoint": {"sharded"}}
+    current().note_universe(moment_pairs(MOMENTS[1:], values))
+    _drawn_and_scripted(family, cross_family=False)
+
+
+@pytest.mark.clause("CKPT-RT-6", "TRAIN-4", "CKPT-RT-4")
+@pytest.mark.parametrize("family", SESSION_FAMILIES)
+@pytest.mark.timeout(max(300, SECONDS_PER_SESSION * (_sessions("fsdp") + 2)))
+def test_training_session_loads_into_another_family(family: str) -> None:
+    """Sessions starting on ``family`` that also load full checkpoints into fresh objects of
+    another family and train on (CKPT-RT-6 in a session): the cross-family session both ways
+    first, then drawn sessions with every rule. Unsupported where the strategy offers no
+    other family."""
+    _drawn_and_scripted(family, cross_family=True)
 
 
 def _start(row: CoverRow) -> CoverRow:

@@ -18,13 +18,21 @@ from harness.clauses.arguments import ARGUMENT_AXES, ARGUMENTS, Argument
 from harness.clauses.checkpoints import CHECKPOINTS, MODEL_PARALLEL
 from harness.clauses.cost import COST
 from harness.clauses.fsdp2 import FSDP2
-from harness.clauses.registry import Clause, Section, UnknownClauseError, build_index, match_ids
+from harness.clauses.registry import (
+    FAMILIES,
+    Clause,
+    Section,
+    UnknownClauseError,
+    build_index,
+    match_ids,
+)
 
 __all__ = [
     "ALL_CLAUSES",
     "ARGUMENTS",
     "ARGUMENT_AXES",
     "CLAUSES",
+    "FAMILIES",
     "PREAMBLE",
     "SECTIONS",
     "Argument",
@@ -44,7 +52,10 @@ PREAMBLE = (
     "**model_parallel**, which gives the model and a 2-D device mesh (`data_parallel` x "
     "`tensor_parallel`) to a user `parallelize_fn` applying FSDP2 `fully_shard` and/or tensor "
     "parallelism; and **fsdp2**, which applies `fully_shard` itself by its own wrap policy "
-    "(section 7). Every clause names the exception a conforming strategy raises, and the "
+    "(section 7). Each clause says which families it applies to (the families column); a "
+    "clause that applies to none of the families a strategy offers reads `not applicable` in "
+    "that strategy's report. Every clause names the exception a conforming strategy raises, "
+    "and the "
     "message names the offending value or key. *Equal* means bitwise for state that only moved "
     "between processes or files, and within the suites' tolerance table (precision x optimizer) "
     "for anything computed again. A configuration the strategy does not support is answered "

@@ -133,9 +133,12 @@ CONSTRUCTION = Section(
         ),
         Clause(
             "CFG-6",
-            "`cpu_offload` takes a bool or a `CPUOffload`. Where no accelerator exists, "
-            "parameter offload is refused with `ValueError` or declared `Unsupported`; it never "
-            "crashes the process.",
+            "`cpu_offload` takes a bool or a `CPUOffload` (fsdp family), a bool or an FSDP2 "
+            "`OffloadPolicy` (fsdp2 family: `CPUOffloadPolicy` offloads). Where no accelerator "
+            "exists, parameter offload is refused with `ValueError` or declared `Unsupported`; "
+            "it never crashes the process.",
+            # model_parallel has no cpu_offload: its parallelize_fn offloads, if anything
+            scope=(("family", ("fsdp", "fsdp2")),),
         ),
         Clause(
             "CFG-7",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import textwrap
 
-from harness.clauses import PREAMBLE, SECTIONS
+from harness.clauses import FAMILIES, PREAMBLE, SECTIONS
+from harness.clauses.registry import Clause
 
 __all__ = ["render_listing", "render_markdown"]
 
@@ -19,15 +20,24 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def families_cell(clause: Clause) -> str:
+    """The families a clause applies to, as CONTRACT.md's column says them."""
+    if clause.families == FAMILIES:
+        return "every family"
+    return ", ".join(clause.families)
+
+
 def render_markdown() -> str:
-    """The whole contract: title, preamble, one table per section."""
+    """The whole contract: title, preamble, one table per section (each clause with the
+    families it applies to: a clause none of whose families the strategy offers reads ``not
+    applicable``)."""
     lines = [_HEADER, "", "# The shardcheck contract", "", PREAMBLE, ""]
     for section in SECTIONS:
         lines += [f"## {section.number}. {section.title}", ""]
         if section.intro:
             lines += [section.intro, ""]
-        lines += ["| id | clause |", "|---|---|"]
-        lines += [f"| {c.id} | {_cell(c.text)} |" for c in section.clauses]
+        lines += ["| id | families | clause |", "|---|---|---|"]
+        lines += [f"| {c.id} | {families_cell(c)} | {_cell(c.text)} |" for c in section.clauses]
         lines.append("")
     return "\n".join(lines)
 

@@ -13,7 +13,19 @@ import fnmatch
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["Clause", "Section", "UnknownClauseError", "build_index", "closest_ids", "match_ids"]
+__all__ = [
+    "FAMILIES",
+    "Clause",
+    "Section",
+    "UnknownClauseError",
+    "build_index",
+    "closest_ids",
+    "match_ids",
+]
+
+#: The strategy families the contract covers (``harness.contract.FAMILIES``, which this light
+#: module cannot import: ``tests/test_contract.py`` keeps the two equal).
+FAMILIES: tuple[str, ...] = ("fsdp", "model_parallel", "fsdp2")
 
 
 class UnknownClauseError(KeyError):
@@ -36,12 +48,35 @@ class Clause:
             The scope also names the arguments of contract methods the clause speaks of
             (:mod:`harness.clauses.arguments`: ``norm_type``, ``strict``, ...) with their
             values: those are the argument values its checks must pass, and an argument it
-            does not name is none of its business.
+            does not name is none of its business. Every scope names the ``family`` axis
+            first: the families the clause applies to (a clause written without one applies
+            to every family of :data:`FAMILIES`, and its scope is completed so). A clause
+            none of whose families the strategy offers reads ``not applicable`` in the report.
     """
 
     id: str
     text: str
     scope: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def __post_init__(self) -> None:
+        named = dict(self.scope).get("family")
+        if named is None:
+            scope = (("family", FAMILIES), *self.scope)
+        else:
+            unknown = sorted(set(named) - set(FAMILIES))
+            if unknown:
+                raise ValueError(
+                    f"clause {self.id!r}: its scope names the families {unknown}, which the "
+                    f"contract does not cover; use those of {', '.join(FAMILIES)}."
+                )
+            rest = tuple((axis, v) for axis, v in self.scope if axis != "family")
+            scope = (("family", tuple(f for f in FAMILIES if f in named)), *rest)
+        object.__setattr__(self, "scope", scope)
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        """The families the clause applies to, in the order of :data:`FAMILIES`."""
+        return dict(self.scope)["family"]
 
 
 @dataclass(frozen=True)

@@ -89,13 +89,22 @@ def in_scope(universe: Iterable[Pair], scope: Mapping[str, Sequence[str]]) -> di
     other scoped axis, some pair of ``universe`` puts it beside an allowed value (a
     model-parallel-only value is outside a scope of ``family: fsdp``). An argument of the
     scope (:data:`harness.clauses.ARGUMENT_AXES`) restricts no other axis, and the values
-    inside it are the scope's own: every configuration takes every argument's values."""
+    inside it are the scope's own: every configuration takes every argument's values. An
+    axis whose allowed values include all the values ``universe`` has for it restricts nothing
+    either (every clause names its families: those of a clause of every family are free)."""
     arguments = {axis: set(allowed) for axis, allowed in scope.items() if axis in ARGUMENT_AXES}
-    scope = {axis: allowed for axis, allowed in scope.items() if axis not in arguments}
     beside: dict[tuple[str, str], dict[str, set[str]]] = {}
+    taken: dict[str, set[str]] = {}
     for first, a, second, b in universe:
         beside.setdefault((first, a), {}).setdefault(second, set()).add(b)
         beside.setdefault((second, b), {}).setdefault(first, set()).add(a)
+        taken.setdefault(first, set()).add(a)
+        taken.setdefault(second, set()).add(b)
+    scope = {
+        axis: allowed
+        for axis, allowed in scope.items()
+        if axis not in arguments and not (axis in taken and taken[axis] <= set(allowed))
+    }
     found: dict[str, set[str]] = {}
     for (axis, value), others in beside.items():
         if axis in scope and value not in scope[axis]:

@@ -10,14 +10,17 @@ from typing import Any
 
 import pytest
 
+from harness.clauses import FAMILIES
 from harness.conformance.progress import unprefixed
 from harness.conformance.strict import strict_verdict
 from harness.report import (
     NO_CLAUSE,
+    NOT_APPLICABLE,
     Report,
     clause_family_outcomes,
     clause_outcomes,
     declared_unsupported,
+    refused_families,
 )
 from harness.report.markdown import clause_coverage_line, coverage_line
 from harness.report.model import environment_note
@@ -138,7 +141,10 @@ def summary_lines(config: pytest.Config, report: Report) -> list[str]:
         if report.coverage.get("by_clause"):
             lines.append(clause_coverage_line(report.coverage))
     lines += finding_lines(report)
+    inapplicable = [c for c, (o, _) in clauses.items() if o == NOT_APPLICABLE]
     for clause, (outcome, members) in clauses.items():
+        if outcome == NOT_APPLICABLE:
+            continue  # one line below for all of them
         families = by_family.get(clause, {})
         split = " ".join(f"{fam}={o}" for fam, o in families.items()) if len(families) > 1 else ""
         if outcome == "passed":
@@ -160,6 +166,15 @@ def summary_lines(config: pytest.Config, report: Report) -> list[str]:
         lines.append(_clip(f"  {clause:<16} {outcome:<12} {why}"))
         if split:
             lines.append(f"  {'':<16} {'':<12} by family: {split}")
+    if inapplicable:  # [Note: not applicable] in harness.report.model
+        offered = ", ".join(f for f in FAMILIES if f not in refused_families(report.checks))
+        lines.append(
+            _clip(
+                f"  not applicable ({len(inapplicable)} clause{'s' * (len(inapplicable) > 1)}; "
+                f"the strategy offers only "
+                f"{offered}): {', '.join(inapplicable)}"
+            )
+        )
     declared = declared_unsupported(report.checks)
     if declared:
         lines.append(_clip(f"declared unsupported by the strategy: {'; '.join(declared)}"))

@@ -24,6 +24,7 @@ from harness.report.model import (
     BLOCKED,
     CONFORMING,
     NO_CLAUSE,
+    NOT_APPLICABLE,
     NOT_RUN,
     OUTCOMES,
     READABLE_SCHEMAS,
@@ -39,6 +40,7 @@ from harness.report.model import (
     load_report,
     nonconforming,
     offered_outcome,
+    refused_families,
     worst_outcome,
 )
 from harness.report.outcome import Outcome
@@ -49,6 +51,7 @@ from harness.report.write import ReportFiles, write_report
 __all__ = [
     "BLOCKED",
     "CONFORMING",
+    "NOT_APPLICABLE",
     "NOT_RUN",
     "NO_CLAUSE",
     "OUTCOMES",
@@ -73,6 +76,7 @@ __all__ = [
     "main",
     "nonconforming",
     "offered_outcome",
+    "refused_families",
     "render_html",
     "render_markdown",
     "render_summary",

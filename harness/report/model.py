@@ -8,7 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.report.outcome import Outcome, worst
+from harness.clauses import CLAUSES, FAMILIES
+from harness.report.outcome import CHECK_OUTCOMES, Outcome, worst
 
 __all__ = [
     "BLOCKED",
@@ -16,6 +17,7 @@ __all__ = [
     "CONFORMING_OFFERED",
     "FAILED_WITH",
     "LISTED_PREFIX",
+    "NOT_APPLICABLE",
     "NOT_RUN",
     "NO_CLAUSE",
     "OUTCOMES",
@@ -28,6 +30,7 @@ __all__ = [
     "Report",
     "ReportError",
     "against",
+    "applies",
     "clause_family_outcomes",
     "clause_outcomes",
     "declared_unsupported",
@@ -35,6 +38,7 @@ __all__ = [
     "load_report",
     "nonconforming",
     "offered_outcome",
+    "refused_families",
     "worst_outcome",
 ]
 
@@ -52,12 +56,15 @@ DESYNC = Outcome.DESYNC.value
 HANG = Outcome.HANG.value
 #: A check whose property was never reached: another clause's violation came first.
 BLOCKED = Outcome.BLOCKED.value
-#: Outcome names, in the order reports list them (``desync`` and ``hang`` are failures of
-#: their own kind).
-OUTCOMES = tuple(o.value for o in Outcome)
-#: The same, worst first (:attr:`Outcome.severity`): a clause takes the worst outcome of its
-#: checks.
-SEVERITY = tuple(sorted(OUTCOMES, key=lambda o: Outcome(o).severity))
+#: A clause's outcome, never a check's: the clause applies to none of the families the
+#: strategy offers ([Note: not applicable]).
+NOT_APPLICABLE = Outcome.NOT_APPLICABLE.value
+#: The outcomes of a check, in the order reports list them (``desync`` and ``hang`` are
+#: failures of their own kind).
+OUTCOMES = tuple(o.value for o in CHECK_OUTCOMES)
+#: Every outcome, a clause's ``not applicable`` included, worst first
+#: (:attr:`Outcome.severity`): a clause takes the worst outcome of its checks.
+SEVERITY = tuple(sorted((o.value for o in Outcome), key=lambda o: Outcome(o).severity))
 #: Outcomes that do not fail a ``--conformance-strict`` run (:meth:`Outcome.conforms`).
 CONFORMING = frozenset(o.value for o in Outcome if o.conforms(whole_space=True))
 #: The same when the strategy need not offer the whole configuration space (the default): a
@@ -424,12 +431,65 @@ def clause_outcomes(
         return {cl: (offered_outcome(outcomes), members) for cl, (outcomes, members) in own.items()}
     cells = clause_family_outcomes(checks, findings)
     familyless = _grouped(checks, findings, ("",))
+    refused = refused_families(checks)
     table = {}
     for clause, (outcomes, members) in _grouped(checks, findings).items():
         if clause in cells:
             outcomes = [*cells[clause].values(), *familyless.get(clause, ([], []))[0]]
-        table[clause] = (offered_outcome(outcomes), members)
+        table[clause] = (_applicable(offered_outcome(outcomes), applies(clause, refused)), members)
     return table
+
+
+#: The outcomes that say the strategy broke a clause (or the suite broke on the way): they
+#: stand even where the clause does not apply to what the strategy offers.
+_VIOLATIONS = frozenset(
+    o.value for o in (Outcome.FAILED, Outcome.DESYNC, Outcome.HANG, Outcome.ERROR, Outcome.XFAILED)
+)
+
+
+def _applicable(outcome: str, applicable: bool) -> str:
+    """``outcome``, or ``not applicable`` where the clause (or cell) does not apply and its
+    checks found no violation ([Note: not applicable])."""
+    return outcome if applicable or outcome in _VIOLATIONS else NOT_APPLICABLE
+
+
+def refused_families(checks: Iterable[CheckResult]) -> frozenset[str]:
+    """The families the strategy does not offer, as far as ``checks`` tell: each one it
+    declared unsupported as a whole (``family=fsdp``, an ``Unsupported`` naming the option
+    ``family``) and no check of which ran. Empty when that is every family (a strategy that
+    offered nothing to check: its clauses keep their outcomes, see [Note: a strategy that
+    offers a subset]).
+
+    [Note: not applicable] A clause says which families it applies to (its scope's
+    ``family`` axis, :attr:`harness.clauses.Clause.families`; CONTRACT.md's families column).
+    When the strategy offers none of them, the clause asks nothing of it: the clause reads
+    ``not applicable`` (not ``unsupported``, ``passed`` or ``blocked``), and so does a family
+    cell of a family the clause does not apply to, unless a check found a violation there
+    (``failed``, ``desync``, ``hang``, ``xfailed``) or broke (``error``): those stand. What the
+    strategy offers is known from what it declared: a family is not offered when the strategy
+    refused it as a whole (``Unsupported(reason, "family", value)``, listed by
+    :func:`declared_unsupported` as ``family=value``) and no check of it ran. A strategy that
+    refuses a family without naming the option leaves it unknown, and the clauses keep their
+    outcome (``unsupported``). A ``not applicable`` clause does not count against the run: it
+    conforms, and it is never a check's outcome.
+    """
+    chosen = list(checks)
+    declared = {
+        key.removeprefix("family=")
+        for key in declared_unsupported(chosen, reasons=False)
+        if key.startswith("family=")
+    }
+    ran = {c.family for c in chosen if c.family and not Outcome(c.outcome).did_not_run}
+    refused = frozenset(f for f in FAMILIES if f in declared and f not in ran)
+    return refused if len(refused) < len(FAMILIES) else frozenset()
+
+
+def applies(clause: str, refused: Collection[str]) -> bool:
+    """Whether ``clause`` applies to a family not in ``refused`` (:func:`refused_families`);
+    a clause the contract does not have applies to every family."""
+    known = CLAUSES.get(clause)
+    families = known.families if known is not None else FAMILIES
+    return any(f not in refused for f in families)
 
 
 def against(clause: str, members: Iterable[CheckResult]) -> list[CheckResult]:
@@ -465,7 +525,9 @@ def clause_family_outcomes(
     it. The clause's outcome puts together its cells and its checks of no one family. So the
     two agree: a clause is ``failed`` exactly when one of its cells is (or, where it has no
     cell of an offered family, a check of no one family failed), and a clause reads
-    ``passed`` beside an ``unsupported`` cell when it passed on the families offered.
+    ``passed`` beside an ``unsupported`` cell when it passed on the families offered. A
+    cell of a family the clause does not apply to, and a clause that applies to none of the
+    families offered, read ``not applicable`` ([Note: not applicable]).
     """
     families = sorted({c.family for c in checks if c.family})
     split = {cl for c in checks if c.family for cl in c.clauses}
@@ -483,7 +545,9 @@ def clause_family_outcomes(
             if clause not in split or not (own or family in offered):
                 continue
             value = offered_outcome(outcomes) if family in offered else Outcome.UNSUPPORTED.value
-            table.setdefault(clause, {})[family] = value
+            known = CLAUSES.get(clause)
+            in_scope = known is None or family in known.families
+            table.setdefault(clause, {})[family] = _applicable(value, in_scope)
     return dict(sorted(table.items()))
 
 

@@ -18,6 +18,7 @@ outcome                 fails the   joins a        counts against   conforms und
 ``xfailed``             no          yes            yes              yes
 ``unsupported``         no          no             no [2]_          yes [3]_
 ``environment``         no          no             no [2]_          yes
+``not applicable`` [4]_ no          no             no               yes
 ======================  ==========  =============  ===============  ==================
 
 .. [1] the run is ``incomplete`` (pytest's own status says why it stopped).
@@ -25,6 +26,8 @@ outcome                 fails the   joins a        counts against   conforms und
    ``environment`` reads that outcome.
 .. [3] unless ``--require-whole-space`` is given, or the strategy ran nothing at all (see
    [Note: a strategy that offers a subset] in :mod:`harness.report.model`).
+.. [4] an outcome of a clause, never of a check: the clause applies to none of the families
+   the strategy offers (see [Note: not applicable] in :mod:`harness.report.model`).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from enum import Enum
 
-__all__ = ["Outcome", "worst"]
+__all__ = ["CHECK_OUTCOMES", "Outcome", "worst"]
 
 
 class Outcome(str, Enum):
@@ -52,6 +55,8 @@ class Outcome(str, Enum):
     DESYNC = "desync"
     HANG = "hang"
     BLOCKED = "blocked"
+    #: a clause's, never a check's: it applies to no family the strategy offers
+    NOT_APPLICABLE = "not applicable"
 
     @property
     def fails_run(self) -> bool:
@@ -107,11 +112,18 @@ _FAILS_RUN = frozenset(
 _JOINS_FINDING = frozenset(
     {Outcome.FAILED, Outcome.DESYNC, Outcome.HANG, Outcome.BLOCKED, Outcome.XFAILED}
 )
-_NOT_AGAINST = frozenset({Outcome.PASSED, Outcome.UNSUPPORTED, Outcome.ENVIRONMENT})
-_DID_NOT_RUN = frozenset({Outcome.UNSUPPORTED, Outcome.ENVIRONMENT, Outcome.NOT_RUN})
-_CONFORMING = frozenset({Outcome.PASSED, Outcome.XFAILED, Outcome.ENVIRONMENT})
+_NOT_AGAINST = frozenset(
+    {Outcome.PASSED, Outcome.UNSUPPORTED, Outcome.ENVIRONMENT, Outcome.NOT_APPLICABLE}
+)
+_DID_NOT_RUN = frozenset(
+    {Outcome.UNSUPPORTED, Outcome.ENVIRONMENT, Outcome.NOT_RUN, Outcome.NOT_APPLICABLE}
+)
+_CONFORMING = frozenset(
+    {Outcome.PASSED, Outcome.XFAILED, Outcome.ENVIRONMENT, Outcome.NOT_APPLICABLE}
+)
 #: worst first. A check that did not run is not known to hold, so ``not run`` ranks above
-#: every skip; ``unsupported`` above ``environment`` (the strategy's choice, not the machine's).
+#: every skip; ``unsupported`` above ``environment`` (the strategy's choice, not the machine's),
+#: and both above ``not applicable`` (nothing the strategy offers is asked for).
 _SEVERITY = (
     Outcome.FAILED,
     Outcome.DESYNC,
@@ -122,8 +134,13 @@ _SEVERITY = (
     Outcome.XFAILED,
     Outcome.UNSUPPORTED,
     Outcome.ENVIRONMENT,
+    Outcome.NOT_APPLICABLE,
     Outcome.PASSED,
 )
+
+
+#: The outcomes a check can have: every one but a clause's ``not applicable``.
+CHECK_OUTCOMES = tuple(o for o in Outcome if o is not Outcome.NOT_APPLICABLE)
 
 
 def worst(outcomes: Iterable[str]) -> Outcome:

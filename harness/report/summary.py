@@ -110,10 +110,12 @@ def _findings(report: Report, shown: int | None) -> list[str]:
 
 
 #: The "first" cell of a clause no check counts against: every check was refused or needs
-#: another environment; otherwise a late finding broke it.
+#: another environment, or the clause does not apply ([Note: not applicable] in
+#: harness.report.model); otherwise a late finding broke it.
 _NO_CHECK_AGAINST = {
     "unsupported": "(every check declared unsupported)",
     "environment": "(every check needs another environment)",
+    "not applicable": "(it applies to no family the strategy offers)",
 }
 
 

@@ -166,8 +166,9 @@ def _finding(id: str, clause: str, checks: list[str]) -> FindingResult:
 def _one_family_run() -> Report:
     """An fsdp2 strategy (it refuses fsdp and model_parallel) measured as the user of issue
     46 was: AC-1 and CLIP-1 fail in checks that draw their family, MP-3 passes in a check of
-    no one family beside its refused model_parallel checks, CKPT-RT-1 fails in an fsdp2 check,
-    TRAIN-1 passes."""
+    no one family beside its refused model_parallel checks (MP-3 applies to model_parallel
+    only, so it is not applicable here), CKPT-RT-1 fails in an fsdp2 check, TRAIN-1 passes.
+    Each refusal names the family it refuses."""
 
     def one(id: str, clauses: list[str], outcome: str, family: str = "") -> CheckResult:
         failing = outcome == "failed"
@@ -178,7 +179,7 @@ def _one_family_run() -> Report:
             family=family,
             finding=f"F-{id}" if failing else None,
             attributed_to=clauses[:1] if failing else [],
-            failure="unsupported: family=x (no)" if outcome == "unsupported" else None,
+            failure=f"unsupported: family={family} (no)" if outcome == "unsupported" else None,
         )
 
     checks = [
@@ -217,7 +218,9 @@ def test_the_clause_table_has_one_meaning(tmp_path: Path) -> None:
     """A clause and its family cells agree by the rule of [Note: one meaning in the clause
     table]: report.json, report.md and summary.md of a one-family strategy read a clause
     ``failed`` exactly when a cell does, the offered family's cell as the clause, and a
-    clause that passed on the family offered ``passed`` beside its refused family."""
+    clause that passed on the family offered ``passed`` beside its refused family; a clause
+    of no family offered (MP-3) reads ``not applicable``, its cell of a family it does not
+    apply to too ([Note: not applicable])."""
     files = write_report(_one_family_run(), tmp_path)
     data = json.loads(files.json.read_text())
     clauses, cells = data["clauses"], data["clauses_by_family"]
@@ -226,12 +229,12 @@ def test_the_clause_table_has_one_meaning(tmp_path: Path) -> None:
         "CKPT-RT-1": "failed",
         "CKPT-RT-5": "passed",
         "CLIP-1": "failed",
-        "MP-3": "passed",
+        "MP-3": "not applicable",
         "TRAIN-1": "passed",
     }
     assert cells["AC-1"] == {"fsdp": "unsupported", "fsdp2": "failed"}
     assert cells["CLIP-1"] == {"fsdp2": "failed"}
-    assert cells["MP-3"] == {"fsdp2": "passed", "model_parallel": "unsupported"}
+    assert cells["MP-3"] == {"fsdp2": "not applicable", "model_parallel": "unsupported"}
     for clause, outcome in clauses.items():
         row = cells.get(clause, {})
         assert (outcome == "failed") == ("failed" in row.values()), clause
@@ -250,4 +253,4 @@ def test_the_clause_table_has_one_meaning(tmp_path: Path) -> None:
     for row in summary:
         split = dict(pair.split("=") for pair in row["by family"].split(", ") if pair)
         assert split == cells.get(row["clause"], {}), row
-    assert "Passed (3): CKPT-RT-5, MP-3, TRAIN-1" in files.summary.read_text()
+    assert "Passed (2): CKPT-RT-5, TRAIN-1" in files.summary.read_text()

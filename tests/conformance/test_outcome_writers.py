@@ -26,7 +26,7 @@ from harness.report import (
     render_summary,
     verdict,
 )
-from harness.report.outcome import Outcome
+from harness.report.outcome import CHECK_OUTCOMES, Outcome
 from harness.report.verdict import FAILING
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ def _check(outcome: Outcome) -> CheckResult:
 
 
 def every_outcome() -> Report:
-    checks = [_check(o) for o in Outcome]
+    checks = [_check(o) for o in CHECK_OUTCOMES]
     pairs = (("failed", "F1"), ("desync", "F2"), ("hang", "F3"), ("xfailed", "F4"))
     findings = [
         FindingResult(fid, [f"C-{w}"], f"sig {fid}", f"msg {fid}", checks=[f"test_all.test_{w}"])
@@ -81,7 +81,7 @@ def test_the_outcome_type_tells_each_rule() -> None:
 
 def test_report_md_lists_every_failure_desync_and_hang_included() -> None:
     failures = _section(render_markdown(every_outcome()), "Failures")
-    for outcome in Outcome:
+    for outcome in CHECK_OUTCOMES:
         heading = f"### test_all.test_{outcome.value.replace(' ', '_')}: {outcome.value}"
         assert (heading in failures) == outcome.is_failure, outcome
     assert "### test_all.test_desync: desync (C-desync, finding F2)" in failures
@@ -93,7 +93,7 @@ def test_summary_md_names_the_desync_and_the_hang() -> None:
     text = render_summary(report)
     assert text.startswith("## shardcheck conformance: FAILED\n")
     assert "1 failed, 1 desync, 1 hang, 1 error, 1 blocked" in verdict(report).sentence
-    for outcome in Outcome:
+    for outcome in CHECK_OUTCOMES:
         row = f"| C-{outcome.value.replace(' ', '_')} | {outcome.value} |"
         # a clause whose only check did not pass has a row, whatever the outcome
         assert (row in text) == (outcome is not Outcome.PASSED), outcome
@@ -116,7 +116,7 @@ def test_html_colours_each_outcome_by_the_same_rule() -> None:
     assert '<span class="o o-idle">environment</span>' in page
 
 
-@pytest.mark.parametrize("outcome", list(Outcome), ids=lambda o: o.value)
+@pytest.mark.parametrize("outcome", CHECK_OUTCOMES, ids=lambda o: o.value)
 def test_junit_gives_a_finding_to_the_outcomes_that_join_one(outcome: Outcome) -> None:
     check = Check("test_all.test_x", "test_all.py::test_x", ["C-x"])
     check.settle(outcome.value, "why")
@@ -128,7 +128,7 @@ def test_junit_gives_a_finding_to_the_outcomes_that_join_one(outcome: Outcome) -
 
 def test_report_json_agrees() -> None:
     document = json.loads(json.dumps(every_outcome().to_dict()))
-    assert document["counts"] == {o.value: 1 for o in Outcome}
+    assert document["counts"] == {o.value: 1 for o in CHECK_OUTCOMES}
     assert document["clauses"]["C-desync"] == "desync" and document["clauses"]["C-hang"] == "hang"
     findings = {c["id"]: c["finding"] for c in document["checks"] if c["finding"]}
     assert findings["test_all.test_desync"] == "F2" and findings["test_all.test_hang"] == "F3"

@@ -26,7 +26,11 @@ __all__ = ["exercised", "report", "run"]
 
 
 def run(
-    fn: Callable[..., Any], *args: Any, world_size: int, families: tuple[str, ...] = ()
+    fn: Callable[..., Any],
+    *args: Any,
+    world_size: int,
+    families: tuple[str, ...] = (),
+    by_reference: Scenario | None = None,
 ) -> list[Any]:
     """``harness.run_on_ranks``, with ``Unsupported`` taking the session's refusal path
     inside a Hypothesis test (recorded and rejected; re-raised outside one, for the plugin to
@@ -45,6 +49,12 @@ def run(
             refused without a rank job once every one is; the refusal is marked as one that
             every example of the check meets (:func:`harness.run.remembered.built_families`),
             so the check gives up after a few.
+        by_reference: a scenario among ``args`` that the job does not build with the
+            strategy under test where that strategy refuses its family: the job builds it
+            with the reference strategy of its family
+            (:func:`suites.lib.ranks.checkpoint_jobs.save_rank_or_reference`), or does not
+            build it at all (the load of what that job wrote). A remembered refusal of it
+            does not refuse the job, and the job's refusals are not remembered for it.
     """
     __tracebackhide__ = True  # a failure's traceback shows the check and the ranks, not this
     from harness import RankFailure, Unsupported, run_on_ranks
@@ -52,7 +62,7 @@ def run(
     from harness.run.session import current
 
     session = current()
-    scenarios = _scenarios_in(args)
+    scenarios = [s for s in _scenarios_in(args) if s is not by_reference]
     try:
         for scenario in scenarios:
             known = session.remembered.refused(scenario.family, scenario.options())

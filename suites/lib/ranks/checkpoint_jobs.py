@@ -55,6 +55,7 @@ from suites.lib.shared.specs import (
 
 __all__ = [
     "ERROR_SPEC",
+    "REFERENCE_FACTORY",
     "attempt",
     "build",
     "build_with_two_optimizers",
@@ -69,10 +70,12 @@ __all__ = [
     "path_for",
     "read_state",
     "read_unstepped",
+    "reference_context",
     "round_trip_load_rank",
     "round_trip_rank",
     "round_trip_save_rank",
     "save_rank",
+    "save_rank_or_reference",
     "saved_nonpersistent",
     "train_plan",
 ]
@@ -216,6 +219,35 @@ def save_rank(ctx: Any, plan: CkptPlan, path: str) -> dict[str, Any]:
     out = read_state(t)  # after the save: reading may initialize a never-stepped optimizer
     out["world_size"] = ctx.world_size
     end(t.strategy)
+    return out
+
+
+#: the factory of the reference strategies (``reference_impl``), whatever ``--strategy`` says
+REFERENCE_FACTORY = "reference_impl:make_strategy"
+
+
+def reference_context(ctx: RankContext) -> RankContext:
+    """``ctx`` whose ``make_strategy`` builds the reference strategy of a family
+    (:data:`REFERENCE_FACTORY`), without the strategy under test's ``--strategy-option``
+    values."""
+    return dataclasses.replace(ctx, factory=REFERENCE_FACTORY, strategy_options={})
+
+
+def save_rank_or_reference(ctx: Any, plan: CkptPlan, path: str) -> dict[str, Any]:
+    """:func:`save_rank` by the strategy under test, or, where it refuses ``plan.save``'s
+    family as a whole (``Unsupported`` naming the option ``family``), by the reference
+    strategy of that family (:func:`reference_context`): CKPT-RT-6 asks a strategy to load the
+    full checkpoints of the other families, which a strategy of one family cannot write.
+    ``"writer"`` says which wrote it (``strategy`` or ``reference``). Any other refusal stands.
+    """
+    try:
+        out = save_rank(ctx, plan, path)
+        out["writer"] = "strategy"
+    except Unsupported as exc:
+        if exc.option != "family" or exc.value != plan.save.family:
+            raise
+        out = save_rank(reference_context(ctx), plan, path)
+        out["writer"] = "reference"
     return out
 
 

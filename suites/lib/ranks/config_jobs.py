@@ -45,6 +45,7 @@ __all__ = [
     "honour_rank",
     "hybrid_rank",
     "mp_sizes_rank",
+    "offload_forms",
     "offload_rank",
     "orig_params_rank",
     "parallelize_fn_rank",
@@ -259,20 +260,36 @@ def orig_params_rank(ctx: Any, scenario: Scenario) -> dict[str, Any]:
     return out
 
 
-def offload_rank(ctx: Any) -> dict[str, Any]:
-    from torch.distributed.fsdp import CPUOffload
+def offload_forms(family: str) -> tuple[tuple[str, Any, bool], ...]:
+    """CFG-6's values of ``cpu_offload`` for ``family``: ``(label, value, offloads)``, a bool
+    or the family's own object (FSDP1's ``CPUOffload``, FSDP2's ``OffloadPolicy``)."""
+    from torch.distributed.fsdp import CPUOffload, CPUOffloadPolicy, OffloadPolicy
 
-    supported_families(ctx, ("fsdp",))
+    if family == "fsdp2":
+        return (
+            ("False", False, False),
+            ("True", True, True),
+            ("OffloadPolicy()", OffloadPolicy(), False),
+            ("CPUOffloadPolicy()", CPUOffloadPolicy(), True),
+        )
+    return (
+        ("False", False, False),
+        ("True", True, True),
+        ("CPUOffload(False)", CPUOffload(offload_params=False), False),
+        ("CPUOffload(True)", CPUOffload(offload_params=True), True),
+    )
+
+
+def offload_rank(ctx: Any, family: str) -> dict[str, Any]:
+    """CFG-6 on a machine without an accelerator: each form of ``cpu_offload`` for
+    ``family`` (:func:`offload_forms`), built, set up and run through a backward; what it
+    gave (``outcome``)."""
+    supported_families(ctx, (family,))
     out = {}
-    for label, value in (
-        ("False", False),
-        ("True", True),
-        ("CPUOffload(False)", CPUOffload(offload_params=False)),
-        ("CPUOffload(True)", CPUOffload(offload_params=True)),
-    ):
+    for label, value, _ in offload_forms(family):
 
         def attempt(value: Any = value) -> None:
-            strategy = build(ctx, "fsdp", cpu_offload=value)
+            strategy = build(ctx, family, cpu_offload=value)
             model = strategy.setup_module(build_model(SPEC))
             loss = model(torch.randn(2, SPEC.in_features, device=ctx.device)).sum()
             strategy.backward(loss, model)

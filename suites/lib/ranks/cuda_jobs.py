@@ -19,7 +19,7 @@ from suites.lib.ranks.construction import SPEC, build
 from suites.lib.ranks.readers import gathered_state, local
 from suites.lib.ranks.training import RankResult, end, setup, train
 from suites.lib.shared.models import Linear, build_model
-from suites.lib.shared.specs import MPConfig, Scenario
+from suites.lib.shared.specs import FSDP2Config, MPConfig, Scenario
 
 __all__ = ["device_rank", "expected_index", "observed_train_rank", "offload_parallelize"]
 
@@ -58,8 +58,9 @@ def offload_parallelize(
 
 
 def _offload_options(scenario: Scenario, form: str) -> dict[str, Any]:
-    """Strategy options that offload parameters: ``cpu_offload`` (fsdp) or an offloading
-    ``parallelize_fn`` (model_parallel)."""
+    """Strategy options that offload parameters: ``cpu_offload`` (fsdp: ``True`` or a
+    ``CPUOffload``; fsdp2: ``True`` or a ``CPUOffloadPolicy``, ``form`` says which) or an
+    offloading ``parallelize_fn`` (model_parallel)."""
     if isinstance(scenario.strategy, MPConfig):
         config = scenario.strategy
         return {
@@ -70,9 +71,13 @@ def _offload_options(scenario: Scenario, form: str) -> dict[str, Any]:
                 precision=config.precision,
             )
         }
-    from torch.distributed.fsdp import CPUOffload
+    from torch.distributed.fsdp import CPUOffload, CPUOffloadPolicy
 
-    return {"cpu_offload": True if form == "True" else CPUOffload(offload_params=True)}
+    if form == "True":
+        return {"cpu_offload": True}
+    if isinstance(scenario.strategy, FSDP2Config):
+        return {"cpu_offload": CPUOffloadPolicy()}
+    return {"cpu_offload": CPUOffload(offload_params=True)}
 
 
 def _placement(model: nn.Module) -> dict[str, list[str]]:

@@ -66,6 +66,15 @@ COST = Section(
             "parallelism reduces activations (per micro-batch, no more bytes than the "
             "synchronized micro-batch's all-reduces).",
         ),
+        Clause(
+            "COMM-4",
+            "A full save gathers each tensor once: during `save_checkpoint` in the full format a "
+            "rank's all-gathers move at most the plain model's parameters and optimizer state "
+            "(each tensor gathered once per mesh dimension it is sharded on: under tensor "
+            "parallelism to its 1/tp piece, then whole), plus padding and 4 KiB of metadata; a "
+            "save that gathers the state twice, or gathers what it then discards, is seen.",
+            scope=(("family", ("fsdp2", "model_parallel")),),
+        ),
     ),
     intro=(
         "A sharded strategy exists to fit a model one device cannot hold and to scale out. "

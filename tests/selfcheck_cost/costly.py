@@ -23,11 +23,13 @@ from torch.optim import Optimizer
 import reference_impl
 from harness.contract import StrategySpec, Unsupported
 from reference_impl import model_parallel_ops
+from reference_impl.checkpoint.state import read_model_state
 from reference_impl.fsdp import FSDPStrategy
 
 __all__ = [
     "clips_on_full_gradients",
     "gathers_full_state_on_every_rank",
+    "gathers_the_state_twice",
     "regathers_after_the_step",
     "syncs_inside_no_backward_sync",
     "zero2_for_full_shard",
@@ -78,6 +80,20 @@ class _GathersFullStateOnEveryRank:
     def save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
         with mock.patch("reference_impl.checkpoint.state._fsdp1", lambda module: True):
             super().save_checkpoint(*args, **kwargs)  # type: ignore[misc]
+
+
+class _GathersTheStateTwice:
+    """A full save first reads the gathered model state to check it (and drops it), then
+    saves: the file is right, and every parameter was all-gathered twice."""
+
+    def save_checkpoint(self, path: Any, state: Any, *args: Any, **kwargs: Any) -> None:
+        read_model_state(state["model"], full=True)
+        super().save_checkpoint(path, state, *args, **kwargs)  # type: ignore[misc]
+
+
+def gathers_the_state_twice(spec: StrategySpec) -> Any:
+    """COMM-4: a full save all-gathers the parameters twice."""
+    return _as(_reference(spec), _GathersTheStateTwice)
 
 
 def gathers_full_state_on_every_rank(spec: StrategySpec) -> Any:

@@ -19,6 +19,7 @@ PLANTED = {
     ),
     "syncs_inside_no_backward_sync": ("COMM-3", ("reduce-scattered", "inside no_backward_sync")),
     "gathers_full_state_on_every_rank": ("MEM-3", ("during a full save_checkpoint", "allows")),
+    "gathers_the_state_twice": ("COMM-4", ("during a full save_checkpoint", "each tensor once")),
     "regathers_after_the_step": ("MEM-1", ("of parameters after the step", "its share is")),
     "zero2_for_full_shard": ("COMM-1", ("units stayed gathered", "fsdp (FULL_SHARD")),
 }

@@ -26,6 +26,8 @@ __all__ = ["Law", "law_of", "mib", "where"]
 ALIGN = 16
 #: MEM-2's and MEM-3's tolerance on their sums
 TOLERANCE = 1.05
+#: COMM-4: what a full save's object gathers (plans, metadata) may add
+METADATA = 4096
 #: COMM-2: bytes one clip collective may move per parameter tensor (one partial norm each)
 NORM_BYTES = 16
 _RESHARDING = ("FULL_SHARD", "HYBRID_SHARD")
@@ -158,6 +160,19 @@ class Law:
         unit = self.largest * (1 + max(1, round(self.optimizer / max(1, self.params))))
         full = self.params + self.optimizer if rank == 0 else 0
         return int(TOLERANCE * (rest + unit + full))
+
+    def save_gather_ceiling(self, tp: int = 1) -> int:
+        """COMM-4: the most a full save may all-gather: every parameter and optimizer state
+        tensor once per mesh dimension it is sharded on (a tensor-parallel one is gathered
+        over the data-parallel dim to its 1/``tp`` piece, then over the tensor-parallel dim
+        whole), padding, and metadata's object gathers."""
+        copies = 1 + max(1, round(self.optimizer / max(1, self.params)))
+        hops = 1 + (1 / tp if tp > 1 else 0)
+        return int(hops * (self.params + self.optimizer)) + copies * self.padding() + METADATA
+
+    def padding(self) -> int:
+        """Bytes one copy of the parameters may pad to across the shard group."""
+        return (self.rows + ALIGN * self.tensors) * self.shard
 
     def gather_floor(self) -> int:
         """COMM-1: the fewest all-gathered bytes a synchronized micro-batch may issue (twice

@@ -2,7 +2,7 @@
 its bounds.
 
 :func:`measure` runs the cost rank job of a configuration once per session and strategy (the
-six checks of a configuration read the same measurement) and hands it to the report;
+seven checks of a configuration read the same measurement) and hands it to the report;
 each ``assert_*`` function holds every rank's record to one clause's bounds
 (:mod:`suites.lib.controller.cost`) and words a failure as a cost: ``CLAUSE: rank N,
 <configuration> at world size N: <who held or moved what> where <the bound>``.
@@ -30,6 +30,7 @@ __all__ = [
     "assert_clip_collectives",
     "assert_full_save",
     "assert_held_at_rest",
+    "assert_save_collectives",
     "assert_step_peak",
     "assert_synchronized_collectives",
     "measure",
@@ -125,6 +126,21 @@ def assert_full_save(scenario: Scenario, records: list[CostRecord], laws: list[L
             f"peaks at {mib(peak)} during a full save_checkpoint where its configuration "
             f"allows {mib(bound)} (its share, {whole}one largest unit's parameters and "
             "optimizer state in flight)"
+        )
+
+
+def assert_save_collectives(scenario: Scenario, records: list[CostRecord], laws: list[Law]) -> None:
+    """COMM-4: a full save gathers each tensor once (per mesh dimension it is sharded on)."""
+    __tracebackhide__ = True
+    tp = scenario.strategy.tensor_parallel_size if isinstance(scenario.strategy, MPConfig) else 1
+    for record, law in zip(records, laws, strict=True):
+        gathered = record.save_comm.get("all_gather", [])
+        ceiling = law.save_gather_ceiling(tp)
+        assert sum(gathered) <= ceiling, _at("COMM-4", record, scenario) + (
+            f"all-gathered {mib(sum(gathered))} in {len(gathered)} collective(s) during a full "
+            f"save_checkpoint where gathering each tensor once moves at most {mib(ceiling)} "
+            f"(the plain model's {mib(law.params)} of parameters and {mib(law.optimizer)} of "
+            "optimizer state, padding and metadata)"
         )
 
 

@@ -150,6 +150,14 @@ class Transport(Protocol):
         """Whether every rank of the current generation is still there to take a command."""
         ...
 
+    def taken(self) -> bool:
+        """Whether another pool's process group has taken the ranks since this transport
+        last formed one: the pool forms its group again before the next job, a *switch*,
+        not a heal. Never where each world size has ranks of its own (local); in attach mode
+        every world size shares torchrun's ranks ([Note: sub-worlds] in
+        :mod:`harness.pool.transports.store`)."""
+        ...
+
     def close(self, timeout: float) -> None:
         """Tell every rank to leave; give them ``timeout`` seconds before ending them."""
         ...

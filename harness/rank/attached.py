@@ -1,12 +1,15 @@
 """An attach-mode rank: one torchrun process serving the controller's commands from the store.
 
-The rank waits for numbered commands (``cmd/<seq>``), answers each under ``reply/<seq>/<rank>``
-with its captured output, and forms a new default process group whenever the controller says
-``start`` (the first time, and after a heal). A watchdog thread, with its own store client,
-bumps the heartbeat, dumps this rank's Python stacks when the controller asks, and interrupts
-a job the controller gave up on (``SIGUSR2`` raises :class:`JobAborted` in the main thread,
-which also wakes a ``sleep``). The rank leaves on ``stop``, or once rank 0 reports that the
-controller has exited.
+The rank waits for numbered commands (``to/<seq>``, then ``cmd/<seq>``), answers each that is
+for it under ``reply/<seq>/<rank>`` with its captured output, and forms a new default process
+group whenever the controller says ``start`` (the first time, after a heal, and when another
+world size's pool needs the ranks). A command for fewer ranks than this one's rank is skipped:
+the rank leaves the process group it was in and waits, idle, for a command that is for it
+([Note: sub-worlds] in :mod:`harness.pool.transports.store`). A watchdog thread, with its own
+store client, bumps the heartbeat, dumps this rank's Python stacks when the controller asks,
+and interrupts a job the controller gave up on (``SIGUSR2`` raises :class:`JobAborted` in the
+main thread, which also wakes a ``sleep``). The rank leaves on ``stop``, or once rank 0
+reports that the controller has exited.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ class AttachedRank:
         self.workdir = tempfile.mkdtemp(prefix=f"shardcheck-attach-rank{rank}-")
         self.capture = OutputCapture(self._path("stdout"), self._path("stderr"))
         self.runner: JobRunner | None = None
+        self.joined = False  # whether this process formed a process group before
         self.seq = 0  # the command being handled (0: none)
         self.running_job = 0  # the seq of the job running now (0: none)
         self.stopped = threading.Event()
@@ -82,8 +86,15 @@ class AttachedRank:
         seq = 1
         try:
             while True:
-                command = self._next(seq)
-                if command is None or command.kind == Kind.STOP:
+                members = self._next(seq)
+                if members is None:
+                    break
+                if self.rank >= members:  # a command for the first ranks only: this one waits
+                    self._leave()
+                    seq += 1
+                    continue
+                command: Command = decode(self.store.get(key("cmd", seq)))
+                if command.kind == Kind.STOP:
                     break
                 self.seq = seq
                 try:
@@ -103,9 +114,10 @@ class AttachedRank:
             self.capture.flush()
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def _next(self, seq: int) -> Command | None:
-        """Command ``seq``, or ``None`` once the controller has exited."""
-        wanted = key("cmd", seq)
+    def _next(self, seq: int) -> int | None:
+        """How many ranks command ``seq`` is for, once it is there; ``None`` once the
+        controller has exited."""
+        wanted = key("to", seq)
         while True:
             try:  # the store answers as soon as the key is set (a timed-out wait is harmless)
                 self.store.wait([wanted], IDLE_WAIT)
@@ -113,8 +125,14 @@ class AttachedRank:
             except dist.DistStoreError:
                 if self.store.check(["controller"]):
                     return None
-        command: Command = decode(self.store.get(wanted))
-        return command
+        return int(self.store.get(wanted))
+
+    def _leave(self) -> None:
+        """Leave the process group this rank is in (a smaller world size's group is
+        forming without it); it waits, idle but heartbeating, until one includes it."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self.runner = None
 
     def _handle(self, seq: int, command: Command) -> Event:
         if command.kind == Kind.START:
@@ -130,27 +148,30 @@ class AttachedRank:
             self.running_job = 0
 
     def _start(self, command: Command) -> Event:
-        """Form the default process group of a new generation (leaving the old one)."""
+        """Form the default process group of the first ``start.world_size`` ranks (leaving
+        the old one), through a prefix of the store no other group used."""
         start: AttachStart = command.payload
         began = time.perf_counter()
+        self.runner = None
         try:
             if dist.is_initialized():
                 dist.destroy_process_group()
             os.environ.update(start.environ)
-            rank_coverage.start_from_env(self.rank)  # no-op unless --rank-coverage
-            torch.set_num_threads(start.threads)
-            if start.generation == 1:
+            if not self.joined:  # once per process, whichever world size it joins first
+                rank_coverage.start_from_env(self.rank)  # no-op unless --rank-coverage
                 install_rewriting(start.rewrite)
+                self.joined = True
+            torch.set_num_threads(start.threads)
             device = rank_device(start.backend, self.local_rank)
-            pg_store = dist.PrefixStore(key("pg", start.generation), self.store)
+            pg_store = dist.PrefixStore(key("pg", self.seq), self.store)
             join_process_group(
-                start.backend, pg_store, self.rank, self.info.world_size, start.pg_timeout, device
+                start.backend, pg_store, self.rank, start.world_size, start.pg_timeout, device
             )
             if start.warm_up:
                 warm_up_rank(device)
             self.runner = JobRunner(
                 self.rank,
-                self.info.world_size,
+                start.world_size,
                 start.backend,
                 device,
                 self.capture,

@@ -79,17 +79,22 @@ def test_attach_mode_reports_raising_and_hanging_ranks_and_heals(tmp_path: Path)
         "test_a_raising_rank_is_attributed",
         "test_a_hanging_rank_is_attributed_with_its_stack",
         "test_the_pool_healed_after_the_hang",
-        "test_run_on_ranks_at_another_size_skips_as_environment",
-        "test_an_explicit_example_at_another_size_is_dropped",
+        "test_every_smaller_size_is_a_default_group_of_the_first_ranks",
+        "test_a_larger_world_size_is_environment[ws2]",
+        "test_run_on_ranks_at_a_larger_size_skips_as_environment",
+        "test_an_explicit_example_at_a_larger_size_is_dropped",
     ]
     for name in passed:
         assert outcomes.get(name) == ("passed", ""), (name, _explain(proc))
     assert len(outcomes) == len(passed) + 2, sorted(outcomes)
     kind, message = outcomes["test_no_example_fits_is_environment"]
     assert kind == "skipped" and "environment: needs world size" in message, message
-    kind, message = outcomes["test_another_world_size_is_environment[ws2]"]
-    assert kind == "skipped" and "environment: needs world size 2" in message, message
+    kind, message = outcomes["test_a_larger_world_size_is_environment[ws5]"]
+    assert kind == "skipped" and "environment: needs world size 5" in message, message
+    assert "world sizes 1 to 4" in message, message
     assert "attach=torchrun(1 node(s) x 4)" in proc.stdout
+    # 4 -> 1 -> 3 -> 2 -> 4 -> 2 -> 4 (the sub-world test) and 2 -> 4 (the marker's ws2)
+    assert "shardcheck: attach mode switched the ranks' process group" in proc.stdout
 
 
 def test_attach_mode_passes_a_subset_of_the_suites_with_rank_coverage(tmp_path: Path) -> None:

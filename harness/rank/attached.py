@@ -15,6 +15,7 @@ reports that the controller has exited.
 from __future__ import annotations
 
 import faulthandler
+import importlib
 import os
 import pickle
 import shutil
@@ -160,6 +161,8 @@ class AttachedRank:
             if not self.joined:  # once per process, whichever world size it joins first
                 rank_coverage.start_from_env(self.rank)  # no-op unless --rank-coverage
                 install_rewriting(start.rewrite)
+                for module in start.preload:  # before any group: see AttachStart.preload
+                    importlib.import_module(module)
                 self.joined = True
             torch.set_num_threads(start.threads)
             device = rank_device(start.backend, self.local_rank)

@@ -87,6 +87,11 @@ class AttachStart:
         pg_timeout: the process group's initial timeout in seconds.
         threads: torch intra-op threads per rank.
         rewrite: modules to import with pytest's assertion rewriting (name -> path).
+        preload: modules a rank imports before it forms its first process group (the local
+            forkserver's preload and the strategy's module): a module that binds the default
+            group when it is imported (torch's ``ShardedGradScaler`` takes
+            ``dist.group.WORLD`` as a default argument) must not keep the first group
+            forever, since attach mode's ranks form a new one at every heal and switch.
         warm_up: run one tiny FSDP2 step before answering ``ready``.
         environ: environment variables to set on the ranks first (for example the
             rank-coverage configuration).
@@ -98,6 +103,7 @@ class AttachStart:
     pg_timeout: float
     threads: int
     rewrite: dict[str, str]
+    preload: tuple[str, ...]
     warm_up: bool
     environ: dict[str, str]
 

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 
 from harness.pool.transport import RanksUnreachable, Reply, StackDump
+from harness.pool.transports.pipes import PRELOAD, preload_for
 from harness.wire.attach import AttachInfo, AttachStart, connect, key
 from harness.wire.fnref import rewritten_modules
 from harness.wire.protocol import Command, Kind
@@ -143,7 +144,11 @@ class StoreTransport:
     replaces_ranks = False
 
     def __init__(
-        self, channel: AttachChannel, world_size: int | None = None, abort_grace: float = 15.0
+        self,
+        channel: AttachChannel,
+        world_size: int | None = None,
+        abort_grace: float = 15.0,
+        preload: tuple[str, ...] = (),
     ) -> None:
         self.channel = channel
         self.info = channel.info
@@ -155,6 +160,7 @@ class StoreTransport:
                 f"{self.info.world_size}."
             )
         self.abort_grace = abort_grace
+        self.preload = preload
         self.store = channel.store
         self._formed = 0  # the `start` command of this pool's group (0: never formed)
 
@@ -185,6 +191,7 @@ class StoreTransport:
             pg_timeout=settings.pg_timeout,
             threads=settings.threads,
             rewrite=rewritten_modules(),
+            preload=self.preload,
             warm_up=settings.warm_up and not members <= self.channel.warmed,
             environ=environ,
         )
@@ -314,7 +321,7 @@ class TorchrunRanks:
         channel = self._channels.get(info)
         if channel is None:
             channel = self._channels[info] = AttachChannel(info)
-        return StoreTransport(channel, world_size)
+        return StoreTransport(channel, world_size, preload=(*PRELOAD, *preload_for(config)))
 
     def warm_up(self, config: HarnessConfig) -> None:
         """Nothing: torchrun started the ranks, and they imported torch already."""

@@ -117,8 +117,9 @@ class RankPool:
         #: why each job cutoff moved on because its ranks still worked (see [Note: slow is
         #: not hung] in harness.pool.progress), in order
         self.cutoffs_moved: list[str] = []
-        #: seconds each start took that formed this pool's group over ranks another pool's
-        #: group held (attach mode's sub-worlds; the session shares one list between pools)
+        #: the seconds each start spent forming this pool's group over ranks another pool's
+        #: group held (attach mode's sub-worlds: the slowest rank's time to leave the old
+        #: group and join the new, as its ``ready`` says); the session keeps them per size
         self.switches: list[float] = []
         self._job_cpu: dict[int, float] = {}  # each rank's CPU seconds as the job was sent
         self._cpu_pids: list[int] = []  # the ranks ``_job_cpu`` belongs to
@@ -200,8 +201,9 @@ class RankPool:
         self.transport.done(token, outcomes)
         self.started = True
         seconds = time.monotonic() - began
-        if switch:
-            self.switches.append(seconds)
+        if switch:  # what re-forming the group took the ranks (not a first warm-up step)
+            spent = [o.value for o in outcomes if isinstance(o.value, float)]
+            self.switches.append(max(spent, default=seconds))
         elif self.generation > 1:
             self.respawns += 1
         return seconds

@@ -119,7 +119,8 @@ class Transport(Protocol):
         ...
 
     def start(self, generation: int, settings: PoolSettings) -> int:
-        """Start generation ``generation`` of the ranks; each answers ``ready`` to the token."""
+        """Start generation ``generation`` of the ranks; each answers ``ready`` to the token
+        (torchrun's ranks with the seconds they took to leave their old group and join)."""
         ...
 
     def send(self, command: Command) -> int:

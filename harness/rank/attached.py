@@ -150,13 +150,16 @@ class AttachedRank:
 
     def _start(self, command: Command) -> Event:
         """Form the default process group of the first ``start.world_size`` ranks (leaving
-        the old one), through a prefix of the store no other group used."""
+        the old one), through a prefix of the store no other group used. ``ready`` carries
+        the seconds it took to leave the old group and join the new one (not the imports
+        before the first, nor the warm-up step)."""
         start: AttachStart = command.payload
         began = time.perf_counter()
         self.runner = None
         try:
             if dist.is_initialized():
                 dist.destroy_process_group()
+            spent = time.perf_counter() - began  # leaving the old group and joining the new
             os.environ.update(start.environ)
             if not self.joined:  # once per process, whichever world size it joins first
                 rank_coverage.start_from_env(self.rank)  # no-op unless --rank-coverage
@@ -167,9 +170,11 @@ class AttachedRank:
             torch.set_num_threads(start.threads)
             device = rank_device(start.backend, self.local_rank)
             pg_store = dist.PrefixStore(key("pg", self.seq), self.store)
+            joining = time.perf_counter()
             join_process_group(
                 start.backend, pg_store, self.rank, start.world_size, start.pg_timeout, device
             )
+            spent += time.perf_counter() - joining
             if start.warm_up:
                 warm_up_rank(device)
             self.runner = JobRunner(
@@ -182,7 +187,7 @@ class AttachedRank:
             )
         except BaseException as exc:
             return Event(Kind.ERROR, command.job_id, self.rank, report_error(exc, 0.0, ""))
-        return Event(Kind.READY, command.job_id, self.rank, time.perf_counter() - began)
+        return Event(Kind.READY, command.job_id, self.rank, spent)
 
     def _abort_handler(self, signum: int, frame: Any) -> None:
         if self.running_job:

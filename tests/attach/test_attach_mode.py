@@ -16,6 +16,7 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -158,14 +159,17 @@ def _kill_tree(pid: int) -> None:
         pass
 
 
-def test_a_dead_node_ends_a_two_node_run_with_a_report(tmp_path: Path) -> None:
-    """Two torchrun agents of 2 ranks each stand in for two nodes; node 1 is killed mid-job."""
-    marker, shared = tmp_path / "marker", tmp_path / "shared"
-    shared.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", ATTACH_ENV))}
-    env["SHARDCHECK_TEST_MARKER"] = str(marker)
+def _two_nodes(
+    pytest_args: list[str], tmp_path: Path, rdzv_id: str, env: dict[str, str] | None = None
+) -> tuple[list[subprocess.Popen[bytes]], list[IO[str]]]:
+    """Start two torchrun agents of 2 ranks each on this host, standing in for two nodes
+    (c10d rendezvous on localhost, a shared directory); their output goes to
+    ``node<N>.log``, the controller's JUnit XML to ``junit.xml`` in ``tmp_path``."""
+    shared = tmp_path / "shared"
+    shared.mkdir(exist_ok=True)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", ATTACH_ENV))}
+    env = {**base, **(env or {})}
     endpoint = f"127.0.0.1:{_free_port()}"
-    junit = tmp_path / "junit.xml"
     nodes, logs = [], []
     for node in (0, 1):
         command = [
@@ -181,19 +185,69 @@ def test_a_dead_node_ends_a_two_node_run_with_a_report(tmp_path: Path) -> None:
             "--rdzv-endpoint",
             endpoint,
             "--rdzv-id",
-            "dead-node",
+            rdzv_id,
+            "--max-restarts",
+            "0",
             "-m",
             "harness.attach",
             "--",
             "pytest",
-            str(CASES / "attach_dead_node.py"),
+            *pytest_args,
             "-p",
             "no:cacheprovider",
             f"--shared-dir={shared}",
-            f"--junitxml={junit}",
+            f"--junitxml={tmp_path / 'junit.xml'}",
         ]
-        logs.append(open(tmp_path / f"node{node}.log", "w"))  # closed below
+        logs.append(open(tmp_path / f"node{node}.log", "w"))  # the caller closes them
         nodes.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=logs[-1], stderr=logs[-1]))
+    return nodes, logs
+
+
+def _end(nodes: list[subprocess.Popen[bytes]], logs: list[IO[str]]) -> None:
+    for proc in nodes:
+        if proc.poll() is None:
+            _kill_tree(proc.pid)
+    for log_file in logs:
+        log_file.close()
+
+
+def test_two_simulated_nodes_run_the_suites_at_every_world_size(tmp_path: Path) -> None:
+    """Two torchrun agents of 2 ranks each on this host stand in for two nodes: API-1 and
+    API-5 at world sizes 2 (node 0's ranks) and 4 (both nodes), and a checkpoint saved by
+    node 0's two ranks and loaded by three ranks of both nodes, pass (about 30 s here
+    without other load)."""
+    args = [
+        "suites/test_api.py",
+        "suites/test_checkpoint_reshard.py",
+        "-k",
+        "setup_environment_reuses or test_collectives or fsdp2-full-2to3",
+        "--hypothesis-profile=ci",
+        "--conformance-strict",
+        f"--conformance-report={tmp_path / 'report'}",
+    ]
+    nodes, logs = _two_nodes(args, tmp_path, "two-nodes")
+    try:
+        codes = [proc.wait(timeout=240) for proc in nodes]
+    finally:
+        _end(nodes, logs)
+    log = (tmp_path / "node0.log").read_text()
+    assert codes == [0, 0], log + (tmp_path / "node1.log").read_text()
+    assert "attach=torchrun(2 node(s) x 2)" in log
+    outcomes = _outcomes(tmp_path / "junit.xml")
+    assert outcomes and all(kind == "passed" for kind, _ in outcomes.values()), outcomes
+    assert "test_reshard_save_at_a_load_at_b[fsdp2-full-2to3]" in outcomes, sorted(outcomes)
+    assert len(outcomes) == 7, sorted(outcomes)  # API-1 and API-5 for three families, a reshard
+    checks = json.loads((tmp_path / "report" / "report.json").read_text())["checks"]
+    assert {c["outcome"] for c in checks} == {"passed"}
+    assert "shardcheck: attach mode switched the ranks' process group" in log
+
+
+def test_a_dead_node_ends_a_two_node_run_with_a_report(tmp_path: Path) -> None:
+    """Two torchrun agents of 2 ranks each stand in for two nodes; node 1 is killed mid-job."""
+    marker = tmp_path / "marker"
+    env = {"SHARDCHECK_TEST_MARKER": str(marker)}
+    junit = tmp_path / "junit.xml"
+    nodes, logs = _two_nodes([str(CASES / "attach_dead_node.py")], tmp_path, "dead-node", env)
     try:
         deadline = time.monotonic() + 180
         while not marker.exists() and time.monotonic() < deadline:
@@ -203,11 +257,7 @@ def test_a_dead_node_ends_a_two_node_run_with_a_report(tmp_path: Path) -> None:
         _kill_tree(nodes[1].pid)
         code = nodes[0].wait(timeout=120)
     finally:
-        for proc in nodes:
-            if proc.poll() is None:
-                _kill_tree(proc.pid)
-        for log_file in logs:
-            log_file.close()
+        _end(nodes, logs)
     log = (tmp_path / "node0.log").read_text()
     assert code != 0, log
     outcomes = _outcomes(junit)

@@ -129,7 +129,9 @@ def test_attach_mode_passes_a_subset_of_the_suites_with_rank_coverage(tmp_path: 
 
 
 def test_a_lost_rank_ends_the_run_with_a_report(tmp_path: Path) -> None:
-    proc, outcomes = _attach([str(CASES / "attach_lost_rank.py")], tmp_path, timeout=240)
+    report = tmp_path / "report"
+    args = [str(CASES / "attach_lost_rank.py"), f"--conformance-report={report}"]
+    proc, outcomes = _attach(args, tmp_path, timeout=240)
     assert proc.returncode != 0, _explain(proc)
     assert outcomes["test_before_the_crash"] == ("passed", ""), _explain(proc)
     kind, message = outcomes["test_rank_3_dies"]
@@ -138,6 +140,17 @@ def test_a_lost_rank_ends_the_run_with_a_report(tmp_path: Path) -> None:
     assert "test_never_runs" not in outcomes
     assert "THIS TEST MUST NOT RUN" not in proc.stdout
     assert "Interrupted: shardcheck attach mode: the run cannot go on" in proc.stdout
+    # the report says which checks did not run, and why
+    checks = {c["id"]: c for c in json.loads((report / "report.json").read_text())["checks"]}
+    outcome = {name.rpartition(".")[2]: c["outcome"] for name, c in checks.items()}
+    assert outcome == {
+        "test_before_the_crash": "passed",
+        "test_rank_3_dies": "failed",
+        "test_never_runs": "not run",
+    }, outcome
+    never = next(c for name, c in checks.items() if name.endswith("test_never_runs"))
+    assert "the run cannot go on" in never["failure"], never
+    assert "## Checks that did not run" in (report / "report.md").read_text()
 
 
 def _free_port() -> int:

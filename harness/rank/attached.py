@@ -42,10 +42,38 @@ from harness.wire.attach import BEAT_INTERVAL, AttachInfo, AttachStart, connect,
 from harness.wire.fnref import install_rewriting
 from harness.wire.protocol import Command, Event, Kind, decode
 
-__all__ = ["AttachedRank", "JobAborted"]
+__all__ = ["AttachedRank", "JobAborted", "sub_world_environ"]
 
 ABORT_SIGNAL = signal.SIGUSR2
 IDLE_WAIT = timedelta(seconds=0.5)  # between two looks whether the controller has exited
+
+
+def sub_world_environ(
+    rank: int, local_rank: int, world_size: int, local_world_size: int
+) -> dict[str, str]:
+    """The launcher variables a rank of a sub-world of ``world_size`` ranks reads: what
+    torchrun gives a run of that size on nodes of ``local_world_size`` ranks (``RANK`` and
+    ``LOCAL_RANK``, the device, are this process's).
+
+    ``LOCAL_WORLD_SIZE`` is the sub-world's ranks on one node: ``world_size`` while it fits
+    on the first node, ``local_world_size`` when it is a whole number of nodes. A size that
+    spans nodes without filling them (3 ranks over nodes of 2) has no torchrun counterpart;
+    it reads as one node of ``world_size``, the same on every rank (a strategy that sizes
+    its mesh from these variables must not build different meshes on different ranks).
+    Torchrun's own size gives torchrun's values back.
+    """
+    if world_size <= local_world_size or world_size % local_world_size:
+        local = world_size
+    else:
+        local = local_world_size
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(world_size),
+        "ROLE_WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(local),
+        "GROUP_WORLD_SIZE": str(world_size // local),
+    }
 
 
 class JobAborted(Exception):
@@ -161,6 +189,8 @@ class AttachedRank:
                 dist.destroy_process_group()
             spent = time.perf_counter() - began  # leaving the old group and joining the new
             os.environ.update(start.environ)
+            node = self.info.local_world_size
+            os.environ.update(sub_world_environ(self.rank, self.local_rank, start.world_size, node))
             if not self.joined:  # once per process, whichever world size it joins first
                 rank_coverage.start_from_env(self.rank)  # no-op unless --rank-coverage
                 install_rewriting(start.rewrite)

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from harness.pool.rankpool import switches_line
 from harness.pool.transport import PoolSettings
 from harness.pool.transports.store import AttachChannel, StoreTransport
+from harness.rank.attached import sub_world_environ
 from harness.wire.attach import AttachInfo, key
 from harness.wire.protocol import Command, Kind
 
@@ -78,3 +79,23 @@ def test_the_switch_line_counts_and_times_the_switches() -> None:
     assert line.startswith("attach mode switched the ranks' process group")
     assert "3 times (to 2: 2, to 4: 1)" in line
     assert "0.20 s per switch on average, 0.30 s at most, 0.6 s in all" in line
+
+
+@pytest.mark.parametrize(
+    ("world_size", "local_world_size", "local", "nodes"),
+    [
+        (4, 4, 4, 1),  # torchrun's own size on one node: torchrun's values
+        (2, 4, 2, 1),  # the first two ranks of one node
+        (4, 2, 2, 2),  # both of two nodes: torchrun's values
+        (2, 2, 2, 1),  # node 0 of two
+        (3, 2, 3, 1),  # spans two nodes without filling them: one node, on every rank
+        (1, 2, 1, 1),
+    ],
+)
+def test_a_sub_world_reads_the_launcher_variables_of_its_size(
+    world_size: int, local_world_size: int, local: int, nodes: int
+) -> None:
+    environ = sub_world_environ(1, 1, world_size, local_world_size)
+    assert environ["WORLD_SIZE"] == environ["ROLE_WORLD_SIZE"] == str(world_size)
+    assert (environ["RANK"], environ["LOCAL_RANK"]) == ("1", "1")  # the process's own
+    assert (environ["LOCAL_WORLD_SIZE"], environ["GROUP_WORLD_SIZE"]) == (str(local), str(nodes))

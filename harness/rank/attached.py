@@ -98,6 +98,7 @@ class AttachedRank:
         self.capture = OutputCapture(self._path("stdout"), self._path("stderr"))
         self.runner: JobRunner | None = None
         self.joined = False  # whether this process formed a process group before
+        self.prepared = False  # whether it set the controller's variables and preloaded
         self.seq = 0  # the command being handled (0: none)
         self.running_job = 0  # the seq of the job running now (0: none)
         self.stopped = threading.Event()
@@ -154,7 +155,19 @@ class AttachedRank:
             except dist.DistStoreError:
                 if self.store.check(["controller"]):
                     return None
+                if not self.prepared and self.store.check(["preload"]):
+                    self._prepare(*pickle.loads(self.store.get("preload")))
         return int(self.store.get(wanted))
+
+    def _prepare(self, environ: dict[str, str], preload: tuple[str, ...]) -> None:
+        """Once per process, before its first process group (and while it waits for one, if
+        the first groups are smaller): the controller's variables for the ranks, coverage,
+        and the modules to import first (:attr:`AttachStart.preload` says why)."""
+        os.environ.update(environ)
+        rank_coverage.start_from_env(self.rank)  # no-op unless --rank-coverage
+        for module in preload:
+            importlib.import_module(module)
+        self.prepared = True
 
     def _leave(self) -> None:
         """Leave the process group this rank is in (a smaller world size's group is
@@ -191,11 +204,10 @@ class AttachedRank:
             os.environ.update(start.environ)
             node = self.info.local_world_size
             os.environ.update(sub_world_environ(self.rank, self.local_rank, start.world_size, node))
+            if not self.prepared:
+                self._prepare(start.environ, start.preload)
             if not self.joined:  # once per process, whichever world size it joins first
-                rank_coverage.start_from_env(self.rank)  # no-op unless --rank-coverage
                 install_rewriting(start.rewrite)
-                for module in start.preload:  # before any group: see AttachStart.preload
-                    importlib.import_module(module)
                 self.joined = True
             torch.set_num_threads(start.threads)
             device = rank_device(start.backend, self.local_rank)

@@ -17,6 +17,9 @@ All keys are listed here, in one place:
 ``stacks/<seq>/<rank>``   the answer: a pickled ``(stacks, stdout, stderr)``
 ``abort/<seq>``           the controller gave up on ``seq``: interrupt it
 ``controller``            set (to its exit code) by rank 0 once the controller has exited
+``preload``               a pickled ``(environ, modules)``: what a rank sets and imports before
+                          its first process group (``AttachStart``), set before the first
+                          command; a rank waiting outside the first groups does it meanwhile
 ``pg/<seq>/...``          the keys of the default process group formed by ``start`` command
                           ``seq`` (a fresh prefix for every group, whatever its size)
 """

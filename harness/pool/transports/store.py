@@ -70,10 +70,17 @@ class AttachChannel:
         lost_after: seconds without a heartbeat after which a rank counts as gone.
     """
 
-    def __init__(self, info: AttachInfo, lost_after: float = 10.0) -> None:
+    def __init__(
+        self, info: AttachInfo, lost_after: float = 10.0, preload: tuple[str, ...] = ()
+    ) -> None:
         self.info = info
         self.lost_after = lost_after
         self.store = connect(info)
+        #: what every rank imports before its first process group (``AttachStart.preload``)
+        self.preload = preload
+        environ = {k: v for k, v in os.environ.items() if k.startswith(RANK_ENV_PREFIXES)}
+        # ranks outside the first groups prepare while they wait (see `preload` in the keys)
+        self.store.set(key("preload"), pickle.dumps((environ, preload)))
         self.seq = 0
         self.closed = False
         #: the ``start`` command whose process group the ranks are in now (0: none)
@@ -148,7 +155,6 @@ class StoreTransport:
         channel: AttachChannel,
         world_size: int | None = None,
         abort_grace: float = 15.0,
-        preload: tuple[str, ...] = (),
     ) -> None:
         self.channel = channel
         self.info = channel.info
@@ -160,7 +166,6 @@ class StoreTransport:
                 f"{self.info.world_size}."
             )
         self.abort_grace = abort_grace
-        self.preload = preload
         self.store = channel.store
         self._formed = 0  # the `start` command of this pool's group (0: never formed)
 
@@ -191,7 +196,7 @@ class StoreTransport:
             pg_timeout=settings.pg_timeout,
             threads=settings.threads,
             rewrite=rewritten_modules(),
-            preload=self.preload,
+            preload=self.channel.preload,
             warm_up=settings.warm_up and not members <= self.channel.warmed,
             environ=environ,
         )
@@ -320,8 +325,9 @@ class TorchrunRanks:
         info = _attach_info(config)
         channel = self._channels.get(info)
         if channel is None:
-            channel = self._channels[info] = AttachChannel(info)
-        return StoreTransport(channel, world_size, preload=(*PRELOAD, *preload_for(config)))
+            preload = (*PRELOAD, *preload_for(config))
+            channel = self._channels[info] = AttachChannel(info, preload=preload)
+        return StoreTransport(channel, world_size)
 
     def warm_up(self, config: HarnessConfig) -> None:
         """Nothing: torchrun started the ranks, and they imported torch already."""

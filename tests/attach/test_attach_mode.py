@@ -1,8 +1,9 @@
 """Attach mode under a real torchrun: 4 CPU ranks (gloo), the controller beside rank 0.
 
-Each test starts ``torchrun --nnodes 1 --nproc-per-node 4 -m harness.attach -- pytest ...``
-on a case file (``cases/``, not collected on its own) or on a subset of the suites, and
-reads the controller's JUnit XML and output.
+Each test starts ``torchrun --nnodes 1 --nproc-per-node 4 -m harness.attach -- pytest ...``,
+or two torchrun agents of 2 ranks each on this host standing in for two nodes, on a case file
+(``cases/``, not collected on its own) or on a subset of the suites, and reads the
+controller's JUnit XML, report and output.
 """
 
 from __future__ import annotations

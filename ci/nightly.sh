@@ -4,8 +4,8 @@
 # which the workflow keeps between runs), then Lightning Fabric's strategies through the
 # adapter: on CPU ranks against the expected-failures file (ci/field.sh; the job fails when
 # Lightning's behaviour changes), and on the GPUs as findings only. Then attach mode under
-# torchrun, coverage across ranks, and the torch matrix (the suites with each tested torch
-# version, reports compared).
+# torchrun (one node on the GPUs, and two simulated nodes on CPU ranks), coverage across
+# ranks, and the torch matrix (the suites with each tested torch version, reports compared).
 # On a runner with fewer GPUs than 4 (one GPU is the common case) the NCCL runs use as many
 # ranks as there are GPUs (world size 1 on one GPU: the CUDA-only checks, Lightning's
 # FSDPStrategy), and the world sizes above that run on gloo ranks, which see no GPU.
@@ -31,9 +31,15 @@ if [ "$nproc" -lt 4 ]; then
     python -m pytest suites/ --nproc 4 --backend gloo --hypothesis-profile=nightly \
         --conformance-strict --conformance-report reports/nightly-reference-gloo
 fi
-# the same suites with torchrun starting the ranks (attach mode, one world size)
+# the same suites with torchrun starting the ranks (attach mode: every world size up to
+# torchrun's, as sub-worlds of its ranks)
 SHARDCHECK_NPROC=$nproc REPORT_DIR=reports/nightly-attach bash ci/attach.sh \
     --backend nccl --hypothesis-profile=ci
+# and as two nodes would: two torchrun agents of 2 ranks each on this host (c10d rendezvous on
+# localhost, a shared directory), on gloo (both agents' local ranks would take the same GPUs);
+# the sub-worlds of 3 and 4 ranks span both "nodes"
+SHARDCHECK_NODES=2 SHARDCHECK_NPROC=4 REPORT_DIR=reports/nightly-attach-2nodes bash ci/attach.sh \
+    --backend gloo --hypothesis-profile=ci
 # coverage of reference_impl from every rank (ci profile: the figure, not the search)
 SHARDCHECK_NPROC=$nproc bash ci/coverage.sh --backend nccl --hypothesis-profile=ci
 # the field run: Lightning's strategies on gloo ranks (4, as measured for the expected-failures

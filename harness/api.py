@@ -59,7 +59,8 @@ def max_world_size() -> int:
 
 
 def world_sizes() -> list[int]:
-    """Every world size this session can run: ``1..--nproc``, or torchrun's one size."""
+    """Every world size this session can run: ``1..--nproc``, or in attach mode ``1..N`` for
+    torchrun's ``N`` ranks."""
     return current().config.world_sizes()
 
 
@@ -105,7 +106,8 @@ def run_on_ranks(
         Unsupported: every rank raised ``Unsupported`` (the strategy refused the config).
         TypeError, ValueError: bad arguments (named in the message).
 
-    A world size an attach-mode run does not have is refused (:mod:`harness.refusals`):
+    A world size larger than the session's (``--nproc``, or torchrun's world size in attach
+    mode) is refused (:mod:`harness.refusals`):
     the example is rejected inside Hypothesis, the test skipped as ``environment`` outside.
     """
     __tracebackhide__ = True

@@ -3,7 +3,7 @@
 :class:`harness.run.session.HarnessSession` holds the settings in force
 (:func:`harness.api.configure`); here they are plain values: their defaults (``--nproc`` =
 GPUs if at least 2, else 4), their checks, the backend ``auto`` resolves to, and the world
-sizes a session can run.
+sizes a session can run (``1..--nproc``; in attach mode ``1..N`` for torchrun's ``N`` ranks).
 """
 
 from __future__ import annotations
@@ -183,20 +183,19 @@ class HarnessConfig:
         return self.attach.world_size if self.attach is not None else self.nproc
 
     def world_sizes(self) -> list[int]:
-        """Every world size a session can run: ``1..--nproc``, or torchrun's one size."""
-        if self.attach is not None:
-            return [self.attach.world_size]
-        return list(range(1, self.nproc + 1))
+        """Every world size a session can run: ``1..--nproc``; in attach mode ``1..N`` for
+        torchrun's ``N`` ranks (a job at size ``k`` runs on the first ``k``)."""
+        return list(range(1, self.max_world_size() + 1))
 
     def unavailable_reason(self, world_size: int) -> str | None:
         """Why ``world_size`` cannot run (``environment: ...``), or ``None``."""
         if self.attach is not None:
-            if world_size == self.attach.world_size:
+            if world_size <= self.attach.world_size:
                 return None
             return (
                 f"environment: needs world size {world_size} but this attach-mode run has "
-                f"torchrun's {self.attach.world_size} ranks only; start torchrun with "
-                f"{world_size} ranks, or run it in local mode (--nproc {max(world_size, 2)})"
+                f"torchrun's {self.attach.world_size} ranks (world sizes 1 to "
+                f"{self.attach.world_size}); start torchrun with {world_size} ranks or more"
             )
         if world_size <= self.nproc:
             return None

@@ -42,7 +42,7 @@ family_param = pytest.mark.parametrize("family", FAMILIES)
 
 
 def world_of(family: str) -> int:
-    """The world size of ``family``'s job: fsdp and fsdp2 2 (in attach mode torchrun's, if larger);
+    """The world size of ``family``'s job: fsdp and fsdp2 2;
     model_parallel dp=2 x tp=2 when the session allows 4 ranks, else dp=2 x tp=1. With
     ``--nproc 1`` both run at world size 1 (model_parallel on a 1x1 mesh)."""
     if family != "model_parallel":

@@ -62,6 +62,7 @@ def test_nightly_keeps_the_database_and_uploads_reports() -> None:
     assert "harness.adapters.lightning:make_strategy" in nightly
     assert "bash ci/field.sh" in nightly  # the field run against Lightning's expected failures
     assert "ci/attach.sh" in nightly and "ci/coverage.sh" in nightly
+    assert "SHARDCHECK_NODES=2" in nightly  # the whole suites on two simulated nodes
     assert "bash ci/torch_matrix.sh" in nightly
     assert "SHARDCHECK_TORCH=${SHARDCHECK_TORCH:-cuda}" in nightly  # not the CPU default
 

@@ -232,12 +232,14 @@ def not_run_reason(interrupted: bool, stopped: str | bool) -> str:
     Args:
         interrupted: the run was interrupted (Ctrl-C, SIGTERM).
         stopped: ``session.shouldstop or session.shouldfail``: the reason the session gave
-            for stopping early (``-x``, ``--maxfail``, a lost rank), or False.
+            for stopping early (``-x``, ``--maxfail``, a lost rank), or False. It wins over
+            ``interrupted``: pytest reports a session stopped that way (attach mode's lost
+            rank) as interrupted too, and the reason is the better story.
     """
-    if interrupted:
-        return "the run was interrupted (Ctrl-C or SIGTERM) before this check finished"
     if isinstance(stopped, str) and stopped:
         return f"the session stopped before this check: {stopped}"
+    if interrupted:
+        return "the run was interrupted (Ctrl-C or SIGTERM) before this check finished"
     return "the session stopped before this check (-x, --maxfail or a crash)"
 
 

@@ -27,7 +27,7 @@ heals.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from harness.pool.progress import EXTENSION_FLOOR, WINDOW, Sample, progress, take_sample
@@ -39,7 +39,14 @@ from harness.verdicts.collectives import waiting_collective
 from harness.verdicts.outcomes import Outcome, format_story, outcome_from_reply, tidy_stacks
 from harness.wire.protocol import Command, Job, Kind
 
-__all__ = ["PoolLost", "PoolSettings", "PoolStartError", "RankPool", "lonely_grace"]
+__all__ = [
+    "PoolLost",
+    "PoolSettings",
+    "PoolStartError",
+    "RankPool",
+    "lonely_grace",
+    "switches_line",
+]
 
 
 class PoolStartError(RuntimeError):
@@ -54,6 +61,28 @@ def lonely_grace(least: float, finished_after: float) -> float:
     """How long ranks still inside a job may take once a rank finished it after
     ``finished_after`` s: ``least``, or twice the finished rank's time for a long job."""
     return max(least, 2.0 * finished_after)
+
+
+def switches_line(switches: Mapping[int, Sequence[float]], attached: bool) -> str:
+    """One line for the end of the run: how often the ranks' process group was formed again
+    for another world size and what that cost (attach mode's sub-worlds; ``""`` in local
+    mode, where no pool takes another's ranks).
+
+    Args:
+        switches: the seconds of each switch, by the world size switched to.
+        attached: whether the run is in attach mode (then the line is printed even without
+            a switch).
+    """
+    seconds = [s for _, taken in sorted(switches.items()) for s in taken]
+    if not seconds:
+        return "attach mode: no process group switch (every job ran at one world size)" * attached
+    sizes = ", ".join(f"to {size}: {len(t)}" for size, t in sorted(switches.items()) if t)
+    total = sum(seconds)
+    return (
+        f"attach mode switched the ranks' process group between world sizes {len(seconds)} "
+        f"time{'s' if len(seconds) != 1 else ''} ({sizes}): {total / len(seconds):.2f} s per "
+        f"switch on average, {max(seconds):.2f} s at most, {total:.1f} s in all"
+    )
 
 
 class RankPool:
@@ -88,6 +117,10 @@ class RankPool:
         #: why each job cutoff moved on because its ranks still worked (see [Note: slow is
         #: not hung] in harness.pool.progress), in order
         self.cutoffs_moved: list[str] = []
+        #: the seconds each start spent forming this pool's group over ranks another pool's
+        #: group held (attach mode's sub-worlds: the slowest rank's time to leave the old
+        #: group and join the new, as its ``ready`` says); the session keeps them per size
+        self.switches: list[float] = []
         self._job_cpu: dict[int, float] = {}  # each rank's CPU seconds as the job was sent
         self._cpu_pids: list[int] = []  # the ranks ``_job_cpu`` belongs to
         self._job_deadline = float("inf")  # the running job's deadline, seconds
@@ -136,6 +169,7 @@ class RankPool:
         if self.started:
             return 0.0
         began = time.monotonic()
+        switch = self.transport.taken()
         self.generation += 1
         settings = self.settings
         if self.generation > 1:
@@ -166,9 +200,13 @@ class RankPool:
             raise PoolStartError(story)
         self.transport.done(token, outcomes)
         self.started = True
-        if self.generation > 1:
+        seconds = time.monotonic() - began
+        if switch:  # what re-forming the group took the ranks (not a first warm-up step)
+            spent = [o.value for o in outcomes if isinstance(o.value, float)]
+            self.switches.append(max(spent, default=seconds))
+        elif self.generation > 1:
             self.respawns += 1
-        return time.monotonic() - began
+        return seconds
 
     def run(self, job: Job, job_id: int) -> list[Outcome]:
         """Run one job on every rank and return the outcomes (the pool heals itself).
@@ -182,6 +220,8 @@ class RankPool:
         """
         self._check_usable()
         try:
+            if self.started and self.transport.taken():
+                self.started = False  # another world size's group holds the ranks: a switch
             if self.started and not self.transport.alive():
                 self.heals.append("died between jobs")
                 self.kill()  # a rank died between jobs: start afresh rather than blame this job

@@ -119,7 +119,8 @@ class Transport(Protocol):
         ...
 
     def start(self, generation: int, settings: PoolSettings) -> int:
-        """Start generation ``generation`` of the ranks; each answers ``ready`` to the token."""
+        """Start generation ``generation`` of the ranks; each answers ``ready`` to the token
+        (torchrun's ranks with the seconds they took to leave their old group and join)."""
         ...
 
     def send(self, command: Command) -> int:
@@ -148,6 +149,14 @@ class Transport(Protocol):
 
     def alive(self) -> bool:
         """Whether every rank of the current generation is still there to take a command."""
+        ...
+
+    def taken(self) -> bool:
+        """Whether another pool's process group has taken the ranks since this transport
+        last formed one: the pool forms its group again before the next job, a *switch*,
+        not a heal. Never where each world size has ranks of its own (local); in attach mode
+        every world size shares torchrun's ranks ([Note: sub-worlds] in
+        :mod:`harness.pool.transports.store`)."""
         ...
 
     def close(self, timeout: float) -> None:

@@ -82,14 +82,10 @@ def _check_world_size(session: HarnessSession, world_size: Any) -> int:
         raise TypeError(f"run_on_ranks(world_size={world_size!r}): expected an int.")
     if world_size < 1:
         raise ValueError(f"run_on_ranks(world_size={world_size}): must be at least 1.")
-    config = session.config
-    if config.attach is not None and world_size != config.attach.world_size:
-        reason = session.unavailable_reason(world_size)
-        assert reason is not None
-        session.refuse(EnvironmentRefusal(reason))
-    if world_size > config.nproc:
+    if world_size > session.config.max_world_size():
         # a check that needs more ranks than this session has is `environment`, never an
-        # error: `--nproc 1` (the only NCCL world of a one-GPU machine) is a valid session
+        # error: `--nproc 1` (the only NCCL world of a one-GPU machine) is a valid session,
+        # and so is torchrun with fewer ranks than a check needs
         reason = session.unavailable_reason(world_size)
         assert reason is not None
         session.refuse(EnvironmentRefusal(reason))

@@ -107,6 +107,8 @@ class HarnessSession:
         self.usage: dict[int, PoolUsage] = {}
         #: why job cutoffs moved on while the ranks still worked, per world size
         self.cutoffs_moved: dict[int, list[str]] = {}
+        #: the seconds of each switch of attach mode's ranks to a world size, by that size
+        self.switches: dict[int, list[float]] = {}
         self.universe: set[tuple[str, str, str, str]] = set()  # declared configuration pairs
         self.costs: list[dict[str, Any]] = []  # what the cost checks measured, per configuration
 
@@ -182,6 +184,7 @@ class HarnessSession:
         pool = self.pools[world_size] = RankPool(settings, transport)
         pool.usage = self.usage.setdefault(world_size, PoolUsage())
         pool.cutoffs_moved = self.cutoffs_moved.setdefault(world_size, [])
+        pool.switches = self.switches.setdefault(world_size, [])
         return pool
 
     def warm_up(self) -> None:

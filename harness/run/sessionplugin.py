@@ -18,6 +18,7 @@ from hypothesis.errors import Unsatisfiable
 
 from harness.pool.heals import describe_heals
 from harness.pool.progress import moved_line
+from harness.pool.rankpool import switches_line
 from harness.pool.usage import leak_warning, usage_line
 from harness.refusals import EnvironmentRefusal
 from harness.run.session import HarnessSession, activate, deactivate
@@ -103,6 +104,10 @@ class SessionPlugin:
         moved = moved_line(self.session.cutoffs_moved)  # see [Note: slow is not hung]
         if moved:
             terminalreporter.write_line(f"shardcheck: {moved}")
+        attached = self.session.config.attach is not None
+        switched = switches_line(self.session.switches, attached)  # see [Note: sub-worlds]
+        if switched:
+            terminalreporter.write_line(f"shardcheck: {switched}")
         usage = usage_line(self.session.usage)  # see [Note: bounded ranks]
         if usage:
             terminalreporter.write_line(f"shardcheck: {usage}")

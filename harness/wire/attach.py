@@ -2,10 +2,14 @@
 
 Under torchrun every rank worker and the controller talk through torchrun's own store (the
 agent's ``TCPStore`` at ``MASTER_ADDR:MASTER_PORT``), inside a namespace of this run and
-restart. The controller writes numbered commands; each rank writes its reply under the same
-number. A rank's watchdog thread bumps a heartbeat counter, answers stack-dump requests and
-aborts a job the controller gave up on. All keys are listed here, in one place:
+restart. The controller writes numbered commands, each for the first ``k`` ranks (the
+world size of its pool: [Note: sub-worlds] in :mod:`harness.pool.transports.store`); each of
+those ranks writes its reply under the same number. A rank's watchdog thread bumps a
+heartbeat counter, answers stack-dump requests and aborts a job the controller gave up on.
+All keys are listed here, in one place:
 
+``to/<seq>``              how many ranks command ``seq`` is for (the first ``k``; the others
+                          skip it and wait, leaving the process group they were in)
 ``cmd/<seq>``             the controller's command number ``seq`` (a pickled ``Command``)
 ``reply/<seq>/<rank>``    the rank's answer: a pickled ``(Event, stdout, stderr)``
 ``beat/<rank>``           heartbeat counter, bumped every ``BEAT_INTERVAL`` seconds
@@ -13,7 +17,11 @@ aborts a job the controller gave up on. All keys are listed here, in one place:
 ``stacks/<seq>/<rank>``   the answer: a pickled ``(stacks, stdout, stderr)``
 ``abort/<seq>``           the controller gave up on ``seq``: interrupt it
 ``controller``            set (to its exit code) by rank 0 once the controller has exited
-``pg/<generation>/...``   the keys of the default process group of one generation
+``preload``               a pickled ``(environ, modules)``: what a rank sets and imports before
+                          its first process group (``AttachStart``), set before the first
+                          command; a rank waiting outside the first groups does it meanwhile
+``pg/<seq>/...``          the keys of the default process group formed by ``start`` command
+                          ``seq`` (a fresh prefix for every group, whatever its size)
 """
 
 from __future__ import annotations
@@ -75,21 +83,30 @@ class AttachStart:
     """The ``start`` command's payload: how the ranks form the next process group.
 
     Args:
-        generation: the process group's generation (a new one after every heal).
+        generation: the process group's generation in its pool (a new one after every heal
+            or switch back to that world size).
+        world_size: the ranks that form it: the first ``world_size`` of torchrun's.
         backend: ``gloo`` or ``nccl``.
         pg_timeout: the process group's initial timeout in seconds.
         threads: torch intra-op threads per rank.
         rewrite: modules to import with pytest's assertion rewriting (name -> path).
+        preload: modules a rank imports before it forms its first process group (the local
+            forkserver's preload and the strategy's module): a module that binds the default
+            group when it is imported (torch's ``ShardedGradScaler`` takes
+            ``dist.group.WORLD`` as a default argument) must not keep the first group
+            forever, since attach mode's ranks form a new one at every heal and switch.
         warm_up: run one tiny FSDP2 step before answering ``ready``.
         environ: environment variables to set on the ranks first (for example the
             rank-coverage configuration).
     """
 
     generation: int
+    world_size: int
     backend: str
     pg_timeout: float
     threads: int
     rewrite: dict[str, str]
+    preload: tuple[str, ...]
     warm_up: bool
     environ: dict[str, str]
 

@@ -50,12 +50,15 @@ def test_local_mode_below_the_preferred_size_keeps_it(monkeypatch: pytest.Monkey
     assert job_world(4) == 4  # the harness reports it as environment (--nproc too small)
 
 
-def test_attach_mode_runs_at_torchruns_larger_size(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_attach_mode_runs_every_size_up_to_torchruns(monkeypatch: pytest.MonkeyPatch) -> None:
     _session(monkeypatch, 4, 4)
-    assert available_world_sizes() == [4]
-    assert job_world() == 4
-    assert job_world(3) == 4
+    assert available_world_sizes() == [1, 2, 3, 4]  # sub-worlds of torchrun's ranks
+    assert job_world() == 2
+    assert job_world(3) == 3
     assert job_world(4) == 4
+    assert harness.api.unavailable_reason(4) is None
+    reason = harness.api.unavailable_reason(5)
+    assert reason is not None and "world sizes 1 to 4" in reason
 
 
 def test_attach_mode_with_fewer_ranks_keeps_the_preferred_size(

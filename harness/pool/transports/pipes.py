@@ -339,6 +339,10 @@ class PipeTransport:
         """Whether no rank process has exited."""
         return all(p.exitcode is None for p in self.procs)
 
+    def taken(self) -> bool:
+        """Never: these ranks belong to this pool alone."""
+        return False
+
     def close(self, timeout: float) -> None:
         """Ask the ranks to leave the process group and exit; kill those that do not."""
         if not self.procs:

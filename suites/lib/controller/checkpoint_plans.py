@@ -46,14 +46,15 @@ PRECISIONS = ("32-true", "bf16-mixed")
 def world_pairs(min_world: int | None = None) -> st.SearchStrategy[tuple[int, int]]:
     """Every ordered pair of different world sizes in ``[min_world, --nproc]``.
 
-    A run with a single world size (attach mode) skips the check as ``environment``.
+    A run with a single world size (``--nproc 1``, or torchrun with one rank) skips the
+    check as ``environment``.
     """
     min_world = smallest_world() if min_world is None else min_world
     runnable = [s for s in available_world_sizes() if s >= min_world]
     if len(runnable) < 2:
         pytest.skip(
             f"environment: resharding needs two world sizes >= {min_world}; this run has "
-            f"{runnable or 'none'} (attach mode runs torchrun's world size only)"
+            f"{runnable or 'none'}"
         )
     sizes = world_sizes(min_world)
     return st.tuples(sizes, sizes).filter(lambda p: p[0] != p[1])

@@ -310,7 +310,7 @@ def reshard_plan(row: CoverRow) -> CkptPlan | None:
     """:func:`round_trip_plan` of ``row`` loaded at another world size: the largest other
     one the session can run, with the row's options fitted to it (a hybrid mesh of that
     world; model_parallel as data-parallel only, which every width divides). None when the
-    session runs one world size only (attach mode)."""
+    session runs one world size only (``--nproc 1``, or torchrun with one rank)."""
     plan = round_trip_plan(row)
     save = plan.save
     others = [w for w in available_world_sizes() if w != save.world_size]

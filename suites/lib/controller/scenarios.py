@@ -87,7 +87,8 @@ def max_world_size() -> int:
 
 
 def available_world_sizes() -> list[int]:
-    """Every world size the session can run (``1..--nproc``; torchrun's one in attach mode)."""
+    """Every world size the session can run (``1..--nproc``; ``1..N`` in attach mode, for
+    torchrun's ``N`` ranks)."""
     try:
         from harness import world_sizes as harness_sizes
     except ImportError:
@@ -140,8 +141,8 @@ def world_sizes(draw: st.DrawFn, min_size: int | None = None, max_size: int | No
     """A world size in ``[min_size, min(max_size, --nproc)]`` the session can run.
 
     ``min_size`` left out is :func:`smallest_world` (2, or 1 in a one-rank session); a
-    check that needs several ranks passes its need. In attach mode (one world size) a range
-    without it skips the check as ``environment``.
+    check that needs several ranks passes its need. A range with no size the session can
+    run skips the check as ``environment``.
     """
     min_size = smallest_world() if min_size is None else min_size
     top = max_world_size() if max_size is None else min(max_size, max_world_size())

@@ -39,7 +39,7 @@ from __future__ import annotations
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -286,12 +286,13 @@ def _model_difference(
                 "a non-persistent buffer, which the plain model's state_dict() leaves out "
                 "(a strict load into a fresh model meets it as an unexpected key)",
             )
-        if fmt == "full" and isinstance(name, str) and clean_name(name) in plain.model:
+        plain_name = _plain_name(name, plain.model) if fmt == "full" else None
+        if plain_name is not None:
             return Difference(
                 "CKPT-REKEY-2",
                 entry(name),
                 f"a wrapper's name where the plain model's state_dict() has "
-                f"{clean_name(name)!r} (torch's load_state_dict into the plain model needs "
+                f"{plain_name!r} (torch's load_state_dict into the plain model needs "
                 "plain names)",
             )
         return Difference(clause, entry(name), "an entry the plain model's state_dict() lacks")
@@ -449,3 +450,18 @@ def _show(value: Any) -> str:
 
 def _kind(value: Any) -> str:
     return "nothing" if value is None else f"a {type(value).__name__}"
+
+
+def _plain_name(name: object, plain: Mapping[str, Any]) -> str | None:
+    """The plain model's key that ``name`` is with a wrapper's segments in it (FSDP1's,
+    activation checkpointing's, compile's) or a wrapper's prefix before it (a module held by
+    another, ``_forward_module.``), or None."""
+    if not isinstance(name, str):
+        return None
+    if clean_name(name) in plain:
+        return clean_name(name)
+    parts = name.split(".")
+    for cut in range(1, len(parts)):
+        if ".".join(parts[cut:]) in plain:
+            return ".".join(parts[cut:])
+    return None

@@ -32,8 +32,7 @@ ZOO: dict[str, tuple[str, str]] = {
     "rekeys_without_frozen_parameters": ("CKPT-REKEY-1", r"is not in the optimizer state"),
     # the strict load of the sharded checkpoint misses the tied head's name
     "saves_tied_weight_once": ("CKPT-RT-2", r"Missing key.*head\.weight"),
-    # the plain model's strict load_state_dict refuses the prefixed keys
-    # judged as written, before the plain model's load meets the key
+    # judged as written, before the plain model's strict load_state_dict meets the key
     "saves_wrapper_prefixed_keys": ("CKPT-REKEY-2", r"_forward_module\..*a wrapper.s name"),
     # the root's own gain is trained on each rank's batch alone
     "leaves_root_parameters_out_of_units": ("TRAIN-1", r"parameter/buffer 'gain'"),

@@ -118,7 +118,7 @@ def cost_rank(ctx: RankContext, scenario: Scenario, save_to: str | None = None) 
     if save_to:
         save = CommMeter()
         path = os.path.join(save_to, "ckpt.pt")
-        with PeakMeter(t.model, t.optimizer) as meter, save, save.phase("save"), clause("API-5"):
+        with PeakMeter(t.model, t.optimizer) as meter, save, save.phase("save"):
             t.strategy.save_checkpoint(path, {"model": t.model, "optimizer": t.optimizer})
         record.save_peak = meter.peak
         record.save_comm = save.summary().get("save", {})

@@ -13,6 +13,7 @@ torch matrix (``ci/torch_matrix.sh``) names the function.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Callable, Iterator
@@ -414,6 +415,7 @@ def memory_tracker() -> type[Any] | None:
     return _LeafSafeMemTracker
 
 
+@functools.cache
 def collective_ops() -> tuple[frozenset[Any], dict[Any, Any]]:
     """The collective ops torch's ``CommDebugMode`` counts: the c10d ones (``_allgather_base_``,
     ``_reduce_scatter_base_``, ``allreduce_``, ...) and the map from the native functional

@@ -155,6 +155,7 @@ class CommMeter(CommDebugMode):
         super().__init__()
         self.log: list[tuple[str, str, str, int]] = []
         self._phase = "other"
+        self._c10d, self._native_to_py = collective_ops()
 
     def __enter__(self) -> CommMeter:
         TorchDispatchMode.__enter__(self)
@@ -179,9 +180,8 @@ class CommMeter(CommDebugMode):
             return NotImplemented  # DTensor runs first and issues the collectives we count
         out = func(*args, **(kwargs or {}))
         packet = func._overloadpacket
-        c10d, native_to_py = collective_ops()
-        if packet in self.comm_registry or packet in c10d:
-            packet = native_to_py.get(packet, packet)
+        if packet in self.comm_registry or packet in self._c10d:
+            packet = self._native_to_py.get(packet, packet)
             self.comm_counts[packet] += 1
             op = str(packet.__name__)
             largest = max([_nbytes(a) for a in (*args, *(kwargs or {}).values())] + [_nbytes(out)])

@@ -57,8 +57,14 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.optim import Optimizer
 
+from reference_impl.checkpoint.fsdp1_full import read_full_optimizer
 from reference_impl.checkpoint.local_shards import holds_dtensors, shard_optimizer_state
-from reference_impl.checkpoint.state import clean_name, finish_optimizer_load, state_dict_options
+from reference_impl.checkpoint.state import (
+    clean_name,
+    finish_optimizer_load,
+    reads_fsdp1_natively,
+    state_dict_options,
+)
 
 __all__ = ["CombinedOptimizer", "load_optimizer_states", "read_optimizer_states"]
 
@@ -244,6 +250,13 @@ def read_optimizer_states(
         return []
     never_stepped = _never_stepped(optimizers)
     options = state_dict_options(module, full=full)
+    native = full and reads_fsdp1_natively(module)
+
+    def read(optimizer: Optimizer) -> dict[str, Any]:
+        if native:
+            return read_full_optimizer(module, optimizer, clean_name)
+        return dict(get_optimizer_state_dict(module, optimizer, options=options))
+
     wake: list[nn.Parameter] = []
     unstepped: list[Optimizer] = []
     if keep_init:  # a target to load into: every held parameter gets a state
@@ -254,10 +267,10 @@ def read_optimizer_states(
     with _requires_grad(wake, True), _requires_grad(quiet, False), _grads_aside(unstepped):
         if _combine(module, optimizers):
             combined = CombinedOptimizer(optimizers)
-            osd = get_optimizer_state_dict(module, combined, options=options)
-            osds = _split(dict(osd), optimizers) if osd else [{} for _ in optimizers]
+            osd = read(combined)
+            osds = _split(osd, optimizers) if osd else [{} for _ in optimizers]
         else:
-            osds = [dict(get_optimizer_state_dict(module, o, options=options)) for o in optimizers]
+            osds = [read(o) for o in optimizers]
     if not keep_init:
         for opt, osd, fresh in zip(optimizers, osds, never_stepped, strict=True):
             if fresh:

@@ -34,6 +34,7 @@ __all__ = [
     "is_sharded_module",
     "is_stateful",
     "read_model_state",
+    "reads_fsdp1_natively",
     "split_state",
     "state_dict_options",
 ]
@@ -163,8 +164,8 @@ def split_state(state: Mapping[str, Any]) -> StateEntries:
 # gathered tensors to CPU; when the shards already live on CPU that offload aliases storage
 # that is freed right after, and the process segfaults (measured with torch 2.13 on CPU,
 # gloo; the optimizer's full state dict does the same, and no offload works). So we offload
-# only when the shards live on an accelerator; on CPU every rank gathers the full state
-# instead and only rank 0 writes it.
+# only when the shards live on an accelerator; on CPU FSDP1's own API reads the full state
+# through rank 0 (see [Note: FSDP1's full read through rank 0 on CPU]).
 def _shards_on_accelerator(module: nn.Module) -> bool:
     for param in module.parameters():
         local = param.to_local() if isinstance(param, DTensor) else param
@@ -188,6 +189,12 @@ def state_dict_options(
     return StateDictOptions(full_state_dict=full, cpu_offload=offload)
 
 
+def reads_fsdp1_natively(module: nn.Module) -> bool:
+    """Whether a full read of ``module`` through rank 0 takes FSDP1's own API (FSDP1 units
+    with shards on CPU: see [Note: FSDP1's full read through rank 0 on CPU])."""
+    return _fsdp1(module) and not _shards_on_accelerator(module)
+
+
 def _fsdp1(module: nn.Module) -> bool:
     """Whether ``module`` holds FSDP1 units (whose offloaded full read segfaults on CPU)."""
     from torch.distributed.fsdp import FullyShardedDataParallel
@@ -209,6 +216,10 @@ def read_model_state(module: nn.Module, *, full: bool, rank0_only: bool = True) 
     Returns:
         The model state dict.
     """
+    if full and rank0_only and reads_fsdp1_natively(module):
+        from reference_impl.checkpoint.fsdp1_full import read_full_model
+
+        return read_full_model(module, clean_name)
     return get_model_state_dict(
         module, options=state_dict_options(module, full=full, rank0_only=rank0_only)
     )

@@ -13,7 +13,8 @@ COST = Section(
         Clause(
             "MEM-1",
             "At rest (after `setup_module` and `setup_optimizer`; after a step's backward, "
-            "gradients held; after `optimizer_step` and `zero_grad`), the bytes of the distinct "
+            "gradients held; after `optimizer_step` and `zero_grad`; after a full "
+            "`load_checkpoint` of what was saved), the bytes of the distinct "
             "storages a rank's model holds as parameters and gradients, and its optimizer holds "
             "as state, are at most its share of the plain model's: the plain model's bytes of "
             "that category divided by the shard size (FSDP1's shard group: the world, the "
@@ -36,10 +37,11 @@ COST = Section(
             "MEM-3",
             "A full save moves the state through rank 0: during `save_checkpoint` in the full "
             "format, no rank other than 0 holds more than its MEM-1 share plus the largest "
-            "unit's full parameters and their optimizer state, and rank 0 holds the full state "
+            "unit's full parameters and their optimizer state (where nothing is sharded, shard "
+            "size 1, one copy of the parameters instead: FSDP1's `NO_SHARD` read copies them "
+            "on every rank), and rank 0 holds the full state "
             "at most once (its share, the plain model's parameters and optimizer state, and one "
             "largest unit more); 5% tolerance.",
-            scope=(("family", ("fsdp2", "model_parallel")),),
         ),
         Clause(
             "COMM-1",
@@ -69,10 +71,19 @@ COST = Section(
         Clause(
             "COMM-4",
             "A full save gathers each tensor once: during `save_checkpoint` in the full format a "
-            "rank's all-gathers move at most the plain model's parameters and optimizer state "
-            "(each tensor gathered once per mesh dimension it is sharded on: under tensor "
-            "parallelism to its 1/tp piece, then whole), plus padding and 4 KiB of metadata; a "
-            "save that gathers the state twice, or gathers what it then discards, is seen.",
+            "rank's all-gathers of state (floating-point tensors; the object gathers of "
+            "metadata are not state) move at most the plain model's parameters and optimizer "
+            "state (each tensor gathered once per mesh dimension it is sharded on: under tensor "
+            "parallelism to its 1/tp piece, then whole), plus padding; a save that gathers the "
+            "state twice, or gathers what it then discards, is seen.",
+        ),
+        Clause(
+            "COMM-5",
+            "A sharded save, and a sharded load at the world size it was saved at, move no "
+            "state between ranks: each rank writes and reads its own shards, so every "
+            "collective they issue carries metadata (the plans and object lists that "
+            "checkpointing exchanges, pickled into byte and integer tensors), never a "
+            "floating-point tensor of parameters or optimizer state.",
             scope=(("family", ("fsdp2", "model_parallel")),),
         ),
     ),

@@ -16,6 +16,7 @@ from unittest import mock
 import torch
 from selfcheck_fsdp2.broken import _as, _reference
 from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
@@ -28,6 +29,7 @@ from reference_impl.fsdp import FSDPStrategy
 
 __all__ = [
     "clips_on_full_gradients",
+    "gathers_before_a_sharded_save",
     "gathers_full_state_on_every_rank",
     "gathers_the_state_twice",
     "regathers_after_the_step",
@@ -73,13 +75,28 @@ def syncs_inside_no_backward_sync(spec: StrategySpec) -> Any:
     return _as(_reference(spec), _SyncsInsideNoBackwardSync)
 
 
+def _on_every_rank(module: nn.Module, *, full: bool, rank0_only: bool = True) -> Any:
+    del module, rank0_only
+    return StateDictOptions(full_state_dict=full, cpu_offload=False)
+
+
 class _GathersFullStateOnEveryRank:
-    """A full save reads the gathered state on every rank (``rank0_only`` off) and writes it
-    from rank 0: the file is right; every rank held the whole model and optimizer."""
+    """A full save reads the gathered state on every rank (torch's reader without
+    ``rank0_only``) and writes it from rank 0: the file is right; every rank held the whole
+    model and optimizer."""
 
     def save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
-        with mock.patch("reference_impl.checkpoint.state._fsdp1", lambda module: True):
+        with contextlib.ExitStack() as stack:
+            for module in ("state", "optimizers"):
+                where = f"reference_impl.checkpoint.{module}"
+                stack.enter_context(mock.patch(f"{where}.state_dict_options", _on_every_rank))
+                stack.enter_context(mock.patch(f"{where}.reads_fsdp1_natively", _never))
             super().save_checkpoint(*args, **kwargs)  # type: ignore[misc]
+
+
+def _never(module: nn.Module) -> bool:
+    del module
+    return False
 
 
 class _GathersTheStateTwice:
@@ -94,6 +111,24 @@ class _GathersTheStateTwice:
 def gathers_the_state_twice(spec: StrategySpec) -> Any:
     """COMM-4: a full save all-gathers the parameters twice."""
     return _as(_reference(spec), _GathersTheStateTwice)
+
+
+class _GathersBeforeAShardedSave:
+    """A sharded save first gathers the whole model on every rank (to log a checksum beside
+    the shards) and drops it: the directory is right; every parameter crossed the ranks."""
+
+    def save_checkpoint(self, path: Any, state: Any, *args: Any, **kwargs: Any) -> None:
+        full = getattr(self, "state_dict_type", None) == "full" or not getattr(
+            self, "_save_distributed_checkpoint", True
+        )
+        if not full:
+            read_model_state(state["model"], full=True, rank0_only=False)
+        super().save_checkpoint(path, state, *args, **kwargs)  # type: ignore[misc]
+
+
+def gathers_before_a_sharded_save(spec: StrategySpec) -> Any:
+    """COMM-5: a sharded save all-gathers every parameter."""
+    return _as(_reference(spec), _GathersBeforeAShardedSave)
 
 
 def gathers_full_state_on_every_rank(spec: StrategySpec) -> Any:

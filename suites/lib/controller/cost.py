@@ -26,8 +26,6 @@ __all__ = ["Law", "law_of", "mib", "where"]
 ALIGN = 16
 #: MEM-2's and MEM-3's tolerance on their sums
 TOLERANCE = 1.05
-#: COMM-4: what a full save's object gathers (plans, metadata) may add
-METADATA = 4096
 #: COMM-2: bytes one clip collective may move per parameter tensor (one partial norm each)
 NORM_BYTES = 16
 _RESHARDING = ("FULL_SHARD", "HYBRID_SHARD")
@@ -155,9 +153,13 @@ class Law:
         return int(TOLERANCE * (rest + flight + 3 * self.largest + 4 * self.activations))
 
     def save_bound(self, rank: int) -> int:
-        """MEM-3: the most a rank may hold during a full save."""
+        """MEM-3: the most a rank may hold during a full save: its share, one largest unit's
+        parameters and optimizer state (one copy of the parameters where nothing is sharded)
+        and, on rank 0, the whole state once."""
         rest = self.share("params") + self.share("optimizer")
         unit = self.largest * (1 + max(1, round(self.optimizer / max(1, self.params))))
+        if self.shard == 1:  # nothing sharded: a read may copy the parameters it holds
+            unit = self.params
         full = self.params + self.optimizer if rank == 0 else 0
         return int(TOLERANCE * (rest + unit + full))
 
@@ -165,10 +167,10 @@ class Law:
         """COMM-4: the most a full save may all-gather: every parameter and optimizer state
         tensor once per mesh dimension it is sharded on (a tensor-parallel one is gathered
         over the data-parallel dim to its 1/``tp`` piece, then over the tensor-parallel dim
-        whole), padding, and metadata's object gathers."""
+        whole) and padding; the metadata's object gathers are not state and not counted."""
         copies = 1 + max(1, round(self.optimizer / max(1, self.params)))
         hops = 1 + (1 / tp if tp > 1 else 0)
-        return int(hops * (self.params + self.optimizer)) + copies * self.padding() + METADATA
+        return int(hops * (self.params + self.optimizer)) + copies * self.padding()
 
     def padding(self) -> int:
         """Bytes one copy of the parameters may pad to across the shard group."""

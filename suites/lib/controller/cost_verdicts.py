@@ -2,7 +2,7 @@
 its bounds.
 
 :func:`measure` runs the cost rank job of a configuration once per session and strategy (the
-seven checks of a configuration read the same measurement) and hands it to the report;
+eight checks of a configuration read the same measurement) and hands it to the report;
 each ``assert_*`` function holds every rank's record to one clause's bounds
 (:mod:`suites.lib.controller.cost`) and words a failure as a cost: ``CLAUSE: rank N,
 <configuration> at world size N: <who held or moved what> where <the bound>``.
@@ -26,18 +26,22 @@ from suites.lib.shared.specs import MPConfig, Scenario
 
 __all__ = [
     "SAVES",
+    "SHARDED_SAVES",
     "assert_accumulation_collectives",
     "assert_clip_collectives",
     "assert_full_save",
     "assert_held_at_rest",
     "assert_save_collectives",
+    "assert_sharded_collectives",
     "assert_step_peak",
     "assert_synchronized_collectives",
     "measure",
 ]
 
-#: the families whose full save MEM-3 measures (see its scope in CONTRACT.md)
-SAVES = ("fsdp2", "model_parallel")
+#: the families whose full save and load MEM-3 and COMM-4 measure (every family)
+SAVES = ("fsdp", "fsdp2", "model_parallel")
+#: the families whose sharded save and load COMM-5 measures (see its scope in CONTRACT.md)
+SHARDED_SAVES = ("fsdp2", "model_parallel")
 
 _measured: dict[tuple[str, Scenario], list[CostRecord]] = {}
 
@@ -63,7 +67,8 @@ def measure(
     if key not in _measured:
         with tempfile.TemporaryDirectory(dir=session.config.shared_dir) as directory:
             save_to = directory if scenario.family in SAVES else None
-            records = run(job, scenario, save_to, world_size=scenario.world_size)
+            sharded = scenario.family in SHARDED_SAVES
+            records = run(job, scenario, save_to, sharded, world_size=scenario.world_size)
         _measured[key] = records
         session.note_cost(
             {
@@ -142,6 +147,26 @@ def assert_save_collectives(scenario: Scenario, records: list[CostRecord], laws:
             f"(the plain model's {mib(law.params)} of parameters and {mib(law.optimizer)} of "
             "optimizer state, padding and metadata)"
         )
+
+
+def assert_sharded_collectives(
+    scenario: Scenario, records: list[CostRecord], laws: list[Law]
+) -> None:
+    """COMM-5: a sharded save and its load move metadata between ranks, never state."""
+    __tracebackhide__ = True
+    del laws
+    for record in records:
+        for what in ("save", "load"):
+            moved = record.sharded_state.get(what, {})
+            assert not moved, _at("COMM-5", record, scenario) + (
+                f"a sharded {what}_checkpoint moved "
+                + " and ".join(
+                    f"{mib(sum(sizes))} of state by {len(sizes)} {kind.replace('_', '-')}(s)"
+                    for kind, sizes in sorted(moved.items())
+                )
+                + " where each rank writes and reads its own shards and only metadata "
+                "(byte tensors) crosses ranks"
+            )
 
 
 def assert_synchronized_collectives(

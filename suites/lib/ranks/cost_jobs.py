@@ -2,7 +2,8 @@
 
 :func:`cost_rank` builds the scenario's strategy, model and optimizer, runs one warm-up step
 (lazy initialization, the optimizer's state created), then one measured step and, when asked,
-a full save, under torch's instruments (:mod:`suites.lib.ranks.cost_meters`). It also measures
+a full save and its load, then a sharded save and its load by a strategy of the sharded format,
+under torch's instruments (:mod:`suites.lib.ranks.cost_meters`). It also measures
 the plain model of the same scenario on this rank (its parameters, gradients, optimizer state
 and the peak of one micro-batch's activations), the yardstick every bound is computed from.
 The controller turns the record into the clauses' bounds (:mod:`suites.lib.controller.cost`).
@@ -87,8 +88,48 @@ def _finish(t: Trained, scenario: Scenario, meter: CommMeter) -> None:
     t.optimizer.zero_grad()
 
 
-@passes(lambda scenario, save_to=None: plan_arguments(scenario))
-def cost_rank(ctx: RankContext, scenario: Scenario, save_to: str | None = None) -> CostRecord:
+def _full_round_trip(t: Trained, record: CostRecord, directory: str) -> None:
+    """Measure a full save of the trained state and its load back into the same objects."""
+    state = {"model": t.model, "optimizer": t.optimizer}
+    path = os.path.join(directory, "ckpt.pt")
+    save = CommMeter()
+    with PeakMeter(t.model, t.optimizer) as meter, save, save.phase("save"):
+        t.strategy.save_checkpoint(path, state)
+    record.save_peak = meter.peak
+    record.save_comm = save.summary(state_only=True).get("save", {})
+    load = CommMeter()
+    with PeakMeter(t.model, t.optimizer) as meter, load, load.phase("load"):
+        t.strategy.load_checkpoint(path, state)
+    record.load_peak = meter.peak
+    record.load_comm = load.summary(state_only=True).get("load", {})
+    record.rest["after a load"] = held(t.model, t.optimizer)
+
+
+def _sharded_round_trip(
+    ctx: RankContext, scenario: Scenario, record: CostRecord, dp_rank: int, directory: str
+) -> None:
+    """Measure the collectives of a sharded save and its load at this world size, by a
+    strategy of the sharded format after one step (the optimizer's state created)."""
+    t = setup(ctx, scenario, **format_options(scenario.family, "sharded"))
+    _step(t, scenario, 0, dp_rank, CommMeter())
+    _finish(t, scenario, CommMeter())
+    state = {"model": t.model, "optimizer": t.optimizer}
+    path = os.path.join(directory, "sharded")
+    meter = CommMeter()
+    with meter:
+        with meter.phase("save"):
+            t.strategy.save_checkpoint(path, state)
+        with meter.phase("load"):
+            t.strategy.load_checkpoint(path, state)
+    record.sharded_comm = meter.summary()
+    record.sharded_state = meter.summary(state_only=True)
+    end(t.strategy)
+
+
+@passes(lambda scenario, save_to=None, sharded=False: plan_arguments(scenario))
+def cost_rank(
+    ctx: RankContext, scenario: Scenario, save_to: str | None = None, sharded: bool = False
+) -> CostRecord:
     """Rank job: measure one scenario's memory and collectives (see the module docstring).
 
     Args:
@@ -96,8 +137,9 @@ def cost_rank(ctx: RankContext, scenario: Scenario, save_to: str | None = None) 
         scenario: the scenario; its plan's micro-batches, clip and precision are used, its
             step count is not (one warm-up step, one measured).
         save_to: a directory: after the measured step, save a full checkpoint there
-            (``state_dict_type="full"`` / ``save_distributed_checkpoint=False``) and measure
-            the save.
+            (``state_dict_type="full"`` / ``save_distributed_checkpoint=False``) and load it
+            back, measuring both.
+        sharded: with ``save_to``, then measure a sharded save and its load there too.
     """
     overrides = format_options(scenario.family, "full") if save_to else {}
     t = setup(ctx, scenario, **overrides)
@@ -116,11 +158,8 @@ def cost_rank(ctx: RankContext, scenario: Scenario, save_to: str | None = None) 
     record.comm = comm.summary()
     record.rest["after the step"] = held(t.model, t.optimizer)
     if save_to:
-        save = CommMeter()
-        path = os.path.join(save_to, "ckpt.pt")
-        with PeakMeter(t.model, t.optimizer) as meter, save, save.phase("save"):
-            t.strategy.save_checkpoint(path, {"model": t.model, "optimizer": t.optimizer})
-        record.save_peak = meter.peak
-        record.save_comm = save.summary().get("save", {})
+        _full_round_trip(t, record, save_to)
     end(t.strategy)
+    if save_to and sharded:
+        _sharded_round_trip(ctx, scenario, record, dp_rank, save_to)
     return record

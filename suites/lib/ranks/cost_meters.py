@@ -136,11 +136,22 @@ def _nbytes(value: Any) -> int:
     )
 
 
+def _carries_state(values: Any) -> bool:
+    """Whether a collective's tensors hold numbers of a model's state (floating point or
+    complex), not metadata: the plans and object lists torch's checkpointing exchanges are
+    pickled into byte tensors with integer sizes."""
+    return any(
+        isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
+        for t in tree_leaves(values)
+    )
+
+
 class CommMeter(CommDebugMode):
     """torch's ``CommDebugMode``, also recording each collective's phase and bytes.
 
     ``with meter, meter.phase("clip"): ...`` files the collectives of the block under
-    ``clip``; :attr:`log` holds ``(phase, kind, op, bytes)`` per collective, in order, and
+    ``clip``; :attr:`log` holds ``(phase, kind, op, bytes, state)`` per collective, in order
+    (``state``: its tensors are floating point, see :func:`_carries_state`), and
     ``get_comm_counts()`` has torch's counts by op.
 
     [Note: CommDebugMode's module tracker] ``CommDebugMode`` also attributes collectives to
@@ -153,7 +164,7 @@ class CommMeter(CommDebugMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.log: list[tuple[str, str, str, int]] = []
+        self.log: list[tuple[str, str, str, int, bool]] = []
         self._phase = "other"
         self._c10d, self._native_to_py = collective_ops()
 
@@ -184,13 +195,17 @@ class CommMeter(CommDebugMode):
             packet = self._native_to_py.get(packet, packet)
             self.comm_counts[packet] += 1
             op = str(packet.__name__)
-            largest = max([_nbytes(a) for a in (*args, *(kwargs or {}).values())] + [_nbytes(out)])
-            self.log.append((self._phase, collective_kind(op), op, largest))
+            values = (*args, *(kwargs or {}).values())
+            largest = max([_nbytes(a) for a in values] + [_nbytes(out)])
+            state = _carries_state((values, out))
+            self.log.append((self._phase, collective_kind(op), op, largest, state))
         return out
 
-    def summary(self) -> dict[str, dict[str, list[int]]]:
-        """``{phase: {kind: [bytes of each collective]}}``."""
+    def summary(self, *, state_only: bool = False) -> dict[str, dict[str, list[int]]]:
+        """``{phase: {kind: [bytes of each collective]}}``; with ``state_only``, only the
+        collectives that carry state (floating-point tensors), not metadata."""
         out: dict[str, dict[str, list[int]]] = {}
-        for phase, kind, _op, nbytes in self.log:
-            out.setdefault(phase, {}).setdefault(kind, []).append(nbytes)
+        for phase, kind, _op, nbytes, state in self.log:
+            if state or not state_only:
+                out.setdefault(phase, {}).setdefault(kind, []).append(nbytes)
         return out

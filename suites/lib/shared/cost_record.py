@@ -30,7 +30,17 @@ class CostRecord:
             ``accumulate`` (micro-batches inside ``no_backward_sync``), ``step`` (the last
             micro-batch's forward and backward), ``clip``, ``optimizer step``.
         save_peak: rank's peak during a full save, by category (empty when none was asked).
-        save_comm: the full save's collectives, ``{kind: [bytes, ...]}``.
+        save_comm: the full save's collectives that carry state (floating-point tensors, not
+            the metadata's object gathers), ``{kind: [bytes, ...]}``.
+        load_peak: rank's peak while loading that full checkpoint back (the model and
+            optimizer of the save), by category; ``rest["after a load"]`` is what they hold
+            once it returned.
+        load_comm: the full load's collectives that carry state, ``{kind: [bytes, ...]}``.
+        sharded_comm: a sharded save's and a sharded load's collectives at the same world
+            size (a strategy of the sharded format, after one step): ``{"save"|"load": {kind:
+            [bytes, ...]}}``.
+        sharded_state: those of them that carry state (floating-point tensors), not
+            metadata, in the same form.
     """
 
     rank: int
@@ -40,6 +50,10 @@ class CostRecord:
     comm: dict[str, dict[str, list[int]]] = field(default_factory=dict)
     save_peak: dict[str, int] = field(default_factory=dict)
     save_comm: dict[str, list[int]] = field(default_factory=dict)
+    load_peak: dict[str, int] = field(default_factory=dict)
+    load_comm: dict[str, list[int]] = field(default_factory=dict)
+    sharded_comm: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    sharded_state: dict[str, dict[str, list[int]]] = field(default_factory=dict)
 
 
 def plain_dtype(precision: str) -> torch.dtype:

@@ -41,7 +41,8 @@ COST = Section(
             "size 1, one copy of the parameters instead: FSDP1's `NO_SHARD` read copies them "
             "on every rank), and rank 0 holds the full state "
             "at most once (its share, the plain model's parameters and optimizer state, and one "
-            "largest unit more); 5% tolerance.",
+            "largest unit more; under FSDP1's hybrid shardings the first rank of each replica "
+            "may too, as FSDP1 counts `rank0_only` within the shard group); 5% tolerance.",
         ),
         Clause(
             "COMM-1",

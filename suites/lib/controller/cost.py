@@ -100,6 +100,8 @@ class Law:
             gathers in the low dtype).
         reshards: reshard after forward (True, False, or the int of FSDP2's option).
         accumulates: the plan's micro-batches accumulate under ``no_backward_sync``.
+        replica_firsts: the first rank of each replica gathers a full read (FSDP1's hybrid
+            shardings count ``rank0_only`` within the shard group).
     """
 
     shard: int
@@ -113,6 +115,7 @@ class Law:
     gather_ratio: float
     reshards: bool | int
     accumulates: bool
+    replica_firsts: bool = False
 
     def share(self, category: str) -> int:
         """MEM-1: a rank's share of one category, padding and alignment included."""
@@ -155,12 +158,14 @@ class Law:
     def save_bound(self, rank: int) -> int:
         """MEM-3: the most a rank may hold during a full save: its share, one largest unit's
         parameters and optimizer state (one copy of the parameters where nothing is sharded)
-        and, on rank 0, the whole state once."""
+        and, on rank 0, the whole state once (on the first rank of each replica under FSDP1's
+        hybrid shardings, which count ``rank0_only`` within the shard group)."""
         rest = self.share("params") + self.share("optimizer")
         unit = self.largest * (1 + max(1, round(self.optimizer / max(1, self.params))))
         if self.shard == 1:  # nothing sharded: a read may copy the parameters it holds
             unit = self.params
-        full = self.params + self.optimizer if rank == 0 else 0
+        first = rank == 0 or (self.replica_firsts and rank % self.shard == 0)
+        full = self.params + self.optimizer if first else 0
         return int(TOLERANCE * (rest + unit + full))
 
     def save_gather_ceiling(self, tp: int = 1) -> int:
@@ -217,4 +222,6 @@ def law_of(scenario: Scenario, record: CostRecord) -> Law:
         gather_ratio=0.5 if mixed else 1.0,
         reshards=_reshards_after_forward(scenario),
         accumulates=scenario.plan.micro_batches > 1,
+        replica_firsts=isinstance(scenario.strategy, FSDPConfig)
+        and "HYBRID" in scenario.strategy.sharding_strategy,
     )

@@ -74,9 +74,12 @@ def test_model_parallel_sizes(world: int, sizes: list[tuple[int, int]]) -> None:
     jobs = run(mp_sizes_rank, sizes, world_size=world, families=("model_parallel",))
     for rank, seen in enumerate(jobs):
         auto, rest = seen[0], seen[1:]
-        assert auto[:2] == ((1, world), names), (
-            f"rank {rank}: data_parallel_size/tensor_parallel_size 'auto' on one node built a "
-            f"mesh {auto}; expected shape (1, {world}) (nodes x processes per node), {names}"
+        per_node = auto[3]
+        nodes = world // per_node
+        assert auto[:2] == ((nodes, per_node), names), (
+            f"rank {rank}: data_parallel_size/tensor_parallel_size 'auto' on {nodes} node(s) of "
+            f"{per_node} process(es) built a mesh {auto[:3]}; expected shape ({nodes}, "
+            f"{per_node}) (nodes x processes per node), {names}"
         )
         for (dp, tp), got in zip(sizes, rest, strict=True):
             expected = ((dp, tp), names, auto[2]) if dp * tp == world else "refused"

@@ -9,6 +9,7 @@ error the strategy raised; the controller checks every rank's record.
 
 from __future__ import annotations
 
+import os
 import re
 import warnings
 from typing import Any
@@ -334,6 +335,8 @@ def mp_sizes_rank(ctx: Any, sizes: list[tuple[int, int]]) -> list[Any]:
         if dp == "auto" or dp * tp == world:
             mesh = build(ctx, "model_parallel", **options).device_mesh
             out.append((tuple(mesh.shape), tuple(mesh.mesh_dim_names or ()), mesh.device_type))
+            if dp == "auto":  # the node layout 'auto' is read from (torchrun's, or one node)
+                out[-1] += (int(os.environ.get("LOCAL_WORLD_SIZE", world)),)
             continue
         expect_error(
             RuntimeError,

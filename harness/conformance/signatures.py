@@ -65,6 +65,11 @@ _MASKS = (
     # a device mesh's printed shape and names: "meshes differ" is one error whichever meshes
     (re.compile(r"DeviceMesh\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\)"), "MESH"),
     (re.compile(r"(?:/[\w.@+-]+){2,}/?"), "PATH"),
+    # a precision and its dtypes: the same raise (or wrong answer) under bf16-mixed and
+    # 16-mixed is one finding ("a gradient with dtype BFloat16" / "... Half")
+    (re.compile(r"\b(?:bf)?(?:16|32|64)-(?:mixed|true)\b"), "PRECISION"),
+    (re.compile(r"\btorch\.(?:b?float(?:16|32|64)|half|float|double)\b"), "DTYPE"),
+    (re.compile(r"\b(?:BFloat16|Half|Float|Double)\b"), "DTYPE"),
     # a comparison's tolerance and its reason (suites' assert_close): the same wrong value is
     # one finding whichever precision's tolerance it went past
     (re.compile(r"\(rtol=.*$"), "(TOLERANCE)"),
@@ -87,6 +92,8 @@ _RANK_ERROR = re.compile(
 #: ``... loaded at world size 2 (fsdp): optimizer['state']['fc.bias']['exp_avg']: 3 of 4 ...``
 _NESTED = re.compile(r"(?<![\w\]])(\w+)((?:\[[^\[\]]*\])+): (.+)$")
 _SUBSCRIPT = re.compile(r"\[[^\[\]]*\]")
+#: a list of quoted names, of any length: ``['exp_avg', 'step']``, ``['momentum_buffer']``
+_QUOTED_NAMES = re.compile(r"\[(?:'[^']*', )*'[^']*'\]")
 #: a suite's assertion message that starts with the clause it checks: ``"CKPT-RT-1: ..."``
 _NAMED_CLAUSE = re.compile(r"^\s*(?:rank \d+: )?([A-Z]+(?:-[A-Z]+)*-\d+):")
 
@@ -167,7 +174,10 @@ def difference(first_line: str) -> str:
         return ""
     subscripts = _SUBSCRIPT.findall(match.group(2))
     deeper = "[…]" if len(subscripts) > 1 else ""
-    return mask(f"{match.group(1)}{subscripts[0]}{deeper}: {match.group(3)}")
+    # the entry names what is wrong: a list after it is what an entry holds (Adam's moments,
+    # SGD's momentum buffer), one finding whichever optimizer showed it
+    what = _QUOTED_NAMES.sub("[NAMES]", match.group(3))
+    return mask(f"{match.group(1)}{subscripts[0]}{deeper}: {what}")
 
 
 def _strip_line(where: str) -> str:
@@ -397,6 +407,9 @@ def _split_top(text: str, separator: str) -> list[str]:
 #: a suite's rank job that loads a checkpoint (its module or function name says so: a load,
 #: a round trip, a resume, a reshard): what trains in it may train on what a load left
 _LOADING_JOB = re.compile(r"load|round_trip|resume|reshard")
+#: a suite function that saves: a step under it trains what is about to be saved (or was
+#: just saved), not what a load left (the round trip's save half, ``_round_trip_save``)
+_SAVING = re.compile(r"save")
 
 
 def _with_method(attribution: Attribution, traceback_text: str) -> Attribution:
@@ -412,6 +425,7 @@ def _with_method(attribution: Attribution, traceback_text: str) -> Attribution:
     called = [func for file, func in frames[suite[-1] + 1 :] if not _own(file)]
     method = called[0] if called else ""
     loads = any(_LOADING_JOB.search(f"{Path(frames[i][0]).name}:{frames[i][1]}") for i in suite)
+    loads = loads and not any(_SAVING.search(frames[i][1]) for i in suite)
     through = ROUND_TRIP_CLAUSES if method in TRAINING_METHODS and loads else ()
     return replace(attribution, method=method, through=through or attribution.through)
 
@@ -510,7 +524,8 @@ def _attribute_plain(exc: BaseException) -> Attribution:
     first = _first(message) or _no_message(type_name, text, where)
     key = _assertion_key(message) if kind == "assertion" else mask(message)
     attribution = Attribution(clause, kind, type_name, key, where, first)
-    return _told(_with_method(_strategy_site(attribution, text), text), _first(message), text)
+    attribution = _with_method(_strategy_site(attribution, text), text)
+    return _told(attribution, _first(message), text)
 
 
 def _first(message: str) -> str:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 
+from harness.conformance.checked_headline import told_after_right_file
 from harness.conformance.crash_site import OWN_DIRS, clause_at_crash, crashed_inside
 from harness.hypothesis_compat import is_wrapped_base_exception
 from harness.report.words import shorten
@@ -31,6 +32,7 @@ from harness.verdicts.attribution import (
     clause_of,
     looked_through,
 )
+from harness.verdicts.checked_file import checked_file_of
 from harness.verdicts.outcomes import RankFailure
 
 __all__ = [
@@ -505,8 +507,9 @@ def _installed(path: str) -> bool:
 
 def _attribute_plain(exc: BaseException) -> Attribution:
     clause = clause_of(exc)
+    found = checked_file_of(exc)  # the load met a file found right ([Note: a load after ...])
     if isinstance(exc, RankFailure):
-        return _rank_attribution(exc, clause)
+        return _rank_attribution(exc, clause, found)
     where, outside = _where_in_text(_tb_text(exc.__traceback__))
     kind = "raised" if outside else "assertion"
     message = str(exc)
@@ -525,7 +528,8 @@ def _attribute_plain(exc: BaseException) -> Attribution:
     key = _assertion_key(message) if kind == "assertion" else mask(message)
     attribution = Attribution(clause, kind, type_name, key, where, first)
     attribution = _with_method(_strategy_site(attribution, text), text)
-    return _told(attribution, _first(message), text)
+    attribution = _told(attribution, _first(message), text)
+    return told_after_right_file(attribution, found, _first(message))
 
 
 def _first(message: str) -> str:
@@ -534,7 +538,7 @@ def _first(message: str) -> str:
     return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
-def _rank_attribution(failure: RankFailure, clause: str) -> Attribution:
+def _rank_attribution(failure: RankFailure, clause: str, found: str = "") -> Attribution:
     by_rank = {o.rank: o for o in failure.outcomes}
     first = by_rank[failure.failed_ranks[0]] if failure.failed_ranks else failure.outcomes[0]
     errors = [by_rank[r].error for r in failure.failed_ranks if by_rank[r].error is not None]
@@ -549,7 +553,8 @@ def _rank_attribution(failure: RankFailure, clause: str) -> Attribution:
         line = _first(error.message) or _no_message(error.type_name, error.traceback, where)
         attribution = Attribution(clause, kind, error.type_name, mask(error.message), where, line)
         attribution = _with_method(_strategy_site(attribution, error.traceback), error.traceback)
-        return _told(attribution, _first(error.message), error.traceback)
+        attribution = _told(attribution, _first(error.message), error.traceback)
+        return told_after_right_file(attribution, found, _first(error.message))
     if first.kind == "crashed":
         what = f"exit code {first.exitcode}"
         clause = clause or clause_at_crash(first.stacks)

@@ -9,7 +9,10 @@ between jobs, so every rule runs one job that replays its segment: set up (fresh
 fresh objects loaded from the segment's checkpoint), then the segment's steps and saves so
 far. The invariant: the gathered parameters equal the plain, unsharded model trained in
 this process on the same data (restored from its own snapshot where the sharded run loaded
-a checkpoint), within the fp32 tolerance.
+a checkpoint), within the fp32 tolerance. Each save is judged as written against the plain
+run at that moment (:mod:`suites.lib.controller.written_live`) before a segment loads it: a
+wrong file fails there under the round trip's clause (this check reads ``blocked`` by it),
+with the difference the round trip reports, and a load that fails on a right file says so.
 
 Both runs train under a learning-rate scheduler with a linear warmup
 (:mod:`suites.lib.shared.lr_schedules`), saved beside model and optimizer; the first saves

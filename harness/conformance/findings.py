@@ -1,12 +1,13 @@
 """Findings: failures grouped by root cause, each under the clause it breaks.
 
 Checks that failed with the same signature (:mod:`harness.conformance.signatures`) share one
-finding; so does the same error raised at the same place in checks of different clauses, and
-the same wrong nested value reported by checks of different clauses (the finding then lists
-each clause). A check whose failure was met looking through a method a finding already
-explains is ``blocked`` by it ([Note: looking through]). The report leads with the
-findings, each with the clause's text, its example and a reproducer, and the checks it
-affected.
+finding; so does the same error raised at the same place in checks of different clauses (an
+untagged one; a tagged one joins under the first finding's clause: [Note: one cause, one
+finding] in :mod:`harness.conformance.one_cause`), and the same wrong nested value reported
+by checks of different clauses (the finding then lists each clause). A check whose failure
+was met looking through a method a finding already explains is ``blocked`` by it ([Note:
+looking through]). The report leads with the findings, each with the clause's text, its
+example and a reproducer, and the checks it affected.
 
 [Note: clause isolation] (in :mod:`harness.verdicts.attribution`) says how a failure gets its
 clause: a check failing under a clause it does not declare is ``blocked`` by that clause.

@@ -9,32 +9,45 @@ the headline changes; the signature's key is the masked exception text as before
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:  # signatures calls this module: no import at run time
-    from harness.conformance.signatures import Attribution
-
-__all__ = ["told_after_right_file"]
+__all__ = ["Failure", "told_after_right_file"]
 
 
-def told_after_right_file(attribution: Attribution, found: str, text: str) -> Attribution:
-    """``attribution`` whose headline says the file was checked and found right (``found``)
+class Failure(Protocol):
+    """What this module reads of a failure's attribution
+    (:class:`harness.conformance.signatures.Attribution`, which calls it: no import back)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def method(self) -> str: ...
+    @property
+    def type_name(self) -> str: ...
+    @property
+    def where(self) -> str: ...
+    @property
+    def message(self) -> str: ...
+
+
+def told_after_right_file(failure: Failure, found: str, text: str) -> str:
+    """The headline of ``failure``: it says the file was checked and found right (``found``)
     before it says what the load raised, for an exception raised inside ``load_checkpoint``;
-    any other failure (a crash, a hang, a suite's assertion, a step after the load) as it is.
+    any other failure's (a crash, a hang, a suite's assertion, a step after the load) as it
+    is.
 
     Args:
-        attribution: the failure.
+        failure: the failure's attribution.
         found: what the controller found right, in words, or ``""``.
         text: the first line of the exception's own message (``""``: it had none, and the
             attribution's message already names its type and where it was raised).
     """
-    if not found or attribution.kind != "raised" or attribution.method != "load_checkpoint":
-        return attribution
-    short = attribution.type_name.rsplit(".", 1)[-1]
+    if not found or failure.kind != "raised" or failure.method != "load_checkpoint":
+        return failure.message
+    short = failure.type_name.rsplit(".", 1)[-1]
     if not text:
-        said = attribution.message  # "AssertionError with an empty message in ..."
+        said = failure.message  # "AssertionError with an empty message in ..."
     else:
         quoted = f"{short} {text}" if short == "KeyError" else f"{short}: {text}"
-        said = f"{quoted} at {attribution.where}" if attribution.where else quoted
-    return replace(attribution, message=f"{found}; the load raised {said}")
+        said = f"{quoted} at {failure.where}" if failure.where else quoted
+    return f"{found}; the load raised {said}"

@@ -529,7 +529,7 @@ def _attribute_plain(exc: BaseException) -> Attribution:
     attribution = Attribution(clause, kind, type_name, key, where, first)
     attribution = _with_method(_strategy_site(attribution, text), text)
     attribution = _told(attribution, _first(message), text)
-    return told_after_right_file(attribution, found, _first(message))
+    return replace(attribution, message=told_after_right_file(attribution, found, _first(message)))
 
 
 def _first(message: str) -> str:
@@ -554,7 +554,8 @@ def _rank_attribution(failure: RankFailure, clause: str, found: str = "") -> Att
         attribution = Attribution(clause, kind, error.type_name, mask(error.message), where, line)
         attribution = _with_method(_strategy_site(attribution, error.traceback), error.traceback)
         attribution = _told(attribution, _first(error.message), error.traceback)
-        return told_after_right_file(attribution, found, _first(error.message))
+        told = told_after_right_file(attribution, found, _first(error.message))
+        return replace(attribution, message=told)
     if first.kind == "crashed":
         what = f"exit code {first.exitcode}"
         clause = clause or clause_at_crash(first.stacks)

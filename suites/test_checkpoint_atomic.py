@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from harness import RankFailure, clause
 from harness.api import current_config
 from harness.clauses import CLAUSES
+from harness.verdicts.checked_file import loading_checked_file
 from suites.lib.controller.checkpoint_checks import assert_same_model, assert_same_optim
 from suites.lib.controller.checkpoint_plans import ckpt_plans
 from suites.lib.controller.clause_covers import covering_rows, round_trip_plan
@@ -120,7 +121,7 @@ def _check_atomic(plan: CkptPlan, fault: str, directory: Path) -> None:
     path = path_for(str(directory), fmt)
     where = f"{CLAUSE}: {plan.save.family} {fmt} save, {fault.replace('_', ' ')}"
     old = run(save_old_rank, plan, path, world_size=plan.save.world_size)
-    check_written(plan.save, fmt, path, where=plan.saved_at)  # the old one, as written
+    right = check_written(plan.save, fmt, path, where=plan.saved_at)  # the old one, as written
     digest, listing = files_digest(path), sorted(os.listdir(directory))
 
     _faulty_save(plan, path, fault, where)
@@ -135,7 +136,8 @@ def _check_atomic(plan: CkptPlan, fault: str, directory: Path) -> None:
     round_trip = ROUND_TRIP[fmt]
     seen = f"{where.removeprefix(f'{CLAUSE}: ')}: the old checkpoint, unchanged on disk, loaded"
     with clause(round_trip):
-        loaded = run(load_old_rank, plan, path, world_size=plan.load.world_size)
+        with loading_checked_file(right):  # a load that fails on it says the file was right
+            loaded = run(load_old_rank, plan, path, world_size=plan.load.world_size)
         for rank, (was, now) in enumerate(zip(old, loaded, strict=True)):
             at = f"{seen} on rank {rank}"
             assert_same_model(now["model"], was["model"], clause=round_trip, where=at)

@@ -26,6 +26,7 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from harness.verdicts.checked_file import loading_checked_file
 from suites.lib.controller.checkpoint_checks import (
     as_dtype,
     assert_loaded_equals_saved,
@@ -306,9 +307,11 @@ def _check_other_family(plan: CkptPlan, tmp_path_factory: pytest.TempPathFactory
         world_size=plan.save.world_size,
         by_reference=plan.save,
     )
+    found = ""
     if saved[0]["writer"] == "strategy":  # the strategy's own file, judged before it loads
-        check_written(plan.save, "full", path, where=plan.saved_at)
+        found = check_written(plan.save, "full", path, where=plan.saved_at)
     # the load builds plan.load alone: a refusal of the writing family is none of its business
-    loaded = run(load_rank, plan, path, world_size=plan.load.world_size, by_reference=plan.save)
+    with loading_checked_file(found):
+        loaded = run(load_rank, plan, path, world_size=plan.load.world_size, by_reference=plan.save)
     writer = "" if saved[0]["writer"] == "strategy" else ", written by the reference strategy"
     assert_loaded_equals_saved(plan, saved, loaded, clause="CKPT-RT-6", what=writer)

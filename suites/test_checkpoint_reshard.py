@@ -18,6 +18,7 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from harness.verdicts.checked_file import loading_checked_file
 from suites.lib.controller.checkpoint_checks import (
     assert_loaded_equals_saved,
     assert_same_model,
@@ -77,8 +78,9 @@ def test_reshard_save_at_a_load_at_b(
     path = path_for(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()), fmt)
     saved = run(save_rank, plan, path, world_size=worlds[0])
     assert saved[0]["world_size"] == worlds[0]
-    check_written(plan.save, fmt, path, where=plan.saved_at)  # before any load reads it
-    loaded = run(load_rank, plan, path, world_size=worlds[1])
+    found = check_written(plan.save, fmt, path, where=plan.saved_at)  # before any load reads it
+    with loading_checked_file(found):
+        loaded = run(load_rank, plan, path, world_size=worlds[1])
     assert_loaded_equals_saved(plan, saved, loaded, clause="CKPT-RT-3")
 
 
@@ -91,8 +93,9 @@ def test_reshard_across_the_space(row: CoverRow, tmp_path_factory: pytest.TempPa
         pytest.skip("environment: resharding needs two world sizes; this session runs one")
     path = path_for(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()), row.fmt)
     saved = run(save_rank, plan, path, world_size=plan.save.world_size)
-    check_written(plan.save, row.fmt, path, where=plan.saved_at)  # before any load reads it
-    loaded = run(load_rank, plan, path, world_size=plan.load.world_size)
+    found = check_written(plan.save, row.fmt, path, where=plan.saved_at)  # before any load
+    with loading_checked_file(found):
+        loaded = run(load_rank, plan, path, world_size=plan.load.world_size)
     assert_loaded_equals_saved(plan, saved, loaded, clause="CKPT-RT-3")
 
 

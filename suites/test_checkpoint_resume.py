@@ -9,7 +9,10 @@ between jobs, so every rule runs one job that replays its segment: set up (fresh
 fresh objects loaded from the segment's checkpoint), then the segment's steps and saves so
 far. The invariant: the gathered parameters equal the plain, unsharded model trained in
 this process on the same data (restored from its own snapshot where the sharded run loaded
-a checkpoint), within the fp32 tolerance.
+a checkpoint), within the fp32 tolerance. Each save is judged as written against the plain
+run at that moment (:mod:`suites.lib.controller.written_live`) before a segment loads it: a
+wrong file fails there under the round trip's clause (this check reads ``blocked`` by it),
+with the difference the round trip reports, and a load that fails on a right file says so.
 
 Both runs train under a learning-rate scheduler with a linear warmup
 (:mod:`suites.lib.shared.lr_schedules`), saved beside model and optimizer; the first saves
@@ -43,6 +46,7 @@ from hypothesis.stateful import (
 )
 
 from harness import looking
+from harness.verdicts.checked_file import loading_checked_file
 from suites.lib.controller.checkpoint_plans import FAMILIES, load_scenarios
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.oracles import (
@@ -52,6 +56,7 @@ from suites.lib.controller.oracles import (
 )
 from suites.lib.controller.scenarios import scenarios, world_sizes
 from suites.lib.controller.tolerances import tolerance
+from suites.lib.controller.written_live import check_written_now, plain_now
 from suites.lib.ranks.checkpoint_jobs import path_for
 from suites.lib.ranks.resume_jobs import Save, Segment, segment_rank
 from suites.lib.shared.checkpoint_specs import FORMATS, ROUND_TRIP
@@ -139,6 +144,8 @@ class ResumeMachine(RuleBasedStateMachine):
         super().__init__()
         self.root = tempfile.mkdtemp(prefix="shardcheck-resume-")
         self.saved: dict[str, Snapshot] = {}
+        #: what was found right in each checkpoint as written, by path
+        self.found: dict[str, str] = {}
         self.state: list[dict[str, Any]] = []
 
     @initialize(
@@ -166,13 +173,30 @@ class ResumeMachine(RuleBasedStateMachine):
     def _save(self) -> str:
         world = self.segment.scenario.world_size
         name = f"ckpt{len(self.saved)}-{self.segment.fmt}-ws{world}"
-        self.segment.ops.append(Save(path_for(f"{self.root}/{name}", self.segment.fmt)))
+        path = path_for(f"{self.root}/{name}", self.segment.fmt)
+        self.segment.ops.append(Save(path))
         self.saved[name] = self.reference.snapshot()
         self._replay()
+        self._judge_written(path)
         return name
 
+    def _judge_written(self, path: str) -> None:
+        """The checkpoint just saved, read as written, against the plain run at this moment:
+        a wrong save fails here with the round trip's difference, not as the tolerance
+        failure the resumed training would meet later ([Note: one cause, one finding])."""
+        segment, optim = self.segment, self.base.optim
+        tol = tolerance("32-true", optim.kind, lr=optim.max_lr, steps=self.reference.steps)
+        model, optimizer = self.reference.model, self.reference.optimizer
+        plain = plain_now(model, optimizer, self.base.model, "32-true", tol)
+        where = (
+            f"saved at world size {segment.scenario.world_size} ({segment.scenario.family}, "
+            f"{segment.fmt}) after {self.reference.steps} steps"
+        )
+        self.found[path] = check_written_now(plain, segment.fmt, path, where=where)
+
     def _replay(self) -> None:
-        with self._looking():
+        found = self.found.get(self.segment.source or "", "")
+        with self._looking(), loading_checked_file(found):
             self.state = run(
                 segment_rank, self.segment, world_size=self.segment.scenario.world_size
             )

@@ -38,6 +38,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.run.session import current
+from harness.verdicts.checked_file import loading_checked_file
 from suites.lib.controller.checkpoint_checks import check_moments, check_on_disk, check_round_trip
 from suites.lib.controller.checkpoint_plans import ckpt_plans
 from suites.lib.controller.dispatch import run
@@ -81,9 +82,12 @@ def test_round_trip_at_one_world_size(
     check_on_disk(plan, path)
     # what the save wrote, before anything loads it: a wrong file fails here, telling what
     # is wrong in it, and no load's consequence of it becomes a finding of its own
-    check_written(plan.save, fmt, path, where=plan.saved_at)
+    found = check_written(plan.save, fmt, path, where=plan.saved_at)
     volatile = [out["volatile"] for out in saving]
-    loading = run(round_trip_load_rank, plan, directory, volatile, world_size=plan.load.world_size)
+    with loading_checked_file(found):  # a load that fails on a right file says so first
+        loading = run(
+            round_trip_load_rank, plan, directory, volatile, world_size=plan.load.world_size
+        )
     for rank, (saved, loaded) in enumerate(zip(saving, loading, strict=True)):
         check_round_trip(plan, join_round_trip(saved, loaded), rank)
 

@@ -24,6 +24,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harness.verdicts.checked_file import loading_checked_file
 from suites.lib.controller.checkpoint_checks import assert_loaded_equals_saved
 from suites.lib.controller.checkpoint_plans import ckpt_plans
 from suites.lib.controller.clause_covers import covering_examples
@@ -163,8 +164,9 @@ def test_hsdp_checkpoints_load_at_another_mesh(
     )
     path = path_for(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()), fmt)
     saved = run(save_rank, plan, path, world_size=4)
-    check_written(plan.save, fmt, path, where=plan.saved_at)  # before the other mesh reads it
-    loaded = run(load_rank, plan, path, world_size=2)
+    found = check_written(plan.save, fmt, path, where=plan.saved_at)  # before the other mesh
+    with loading_checked_file(found):
+        loaded = run(load_rank, plan, path, world_size=2)
     assert_loaded_equals_saved(plan, saved, loaded, clause="FSDP2-3")
 
 

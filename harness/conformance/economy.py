@@ -140,7 +140,11 @@ class ShrinkPolicy:
             check.first_failure_at = time.perf_counter()
         attribution = self.findings.settle(attribute(exc, check.clauses), check.clauses)
         clauses, _ = attributed_clauses(check.clauses, attribution)
-        known = self.findings.match(attribution, clauses) or self.findings.explaining(attribution)
+        known = (
+            self.findings.match(attribution, clauses)
+            or self.findings.explaining(attribution)
+            or self.findings.same_cause(attribution, clauses)
+        )
         if known is not None and known.first_check != check.id:
             check.stop_shrinking = True
             shrink_once()

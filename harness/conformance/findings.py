@@ -1,12 +1,13 @@
 """Findings: failures grouped by root cause, each under the clause it breaks.
 
 Checks that failed with the same signature (:mod:`harness.conformance.signatures`) share one
-finding; so does the same error raised at the same place in checks of different clauses, and
-the same wrong nested value reported by checks of different clauses (the finding then lists
-each clause). A check whose failure was met looking through a method a finding already
-explains is ``blocked`` by it ([Note: looking through]). The report leads with the
-findings, each with the clause's text, its example and a reproducer, and the checks it
-affected.
+finding; so does the same error raised at the same place in checks of different clauses (an
+untagged one; a tagged one joins under the first finding's clause: [Note: one cause, one
+finding] in :mod:`harness.conformance.one_cause`), and the same wrong nested value reported
+by checks of different clauses (the finding then lists each clause). A check whose failure
+was met looking through a method a finding already explains is ``blocked`` by it ([Note:
+looking through]). The report leads with the findings, each with the clause's text, its
+example and a reproducer, and the checks it affected.
 
 [Note: clause isolation] (in :mod:`harness.verdicts.attribution`) says how a failure gets its
 clause: a check failing under a clause it does not declare is ``blocked`` by that clause.
@@ -18,6 +19,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
+from harness.conformance.one_cause import same_raise
 from harness.conformance.signatures import Attribution
 from harness.verdicts.attribution import TRAINING_METHODS, method_clause
 
@@ -135,6 +137,9 @@ class Findings:
         self.by_untagged_place: dict[str, Finding] = {}
         #: findings of a suite's report of a wrong nested value, by that difference
         self.by_difference: dict[str, Finding] = {}
+        #: findings of an exception raised in the strategy's (or torch's) code, by the same
+        #: raise (:func:`same_raise`): type, masked message, line and torch's frame
+        self.by_raise: dict[str, Finding] = {}
 
     def resolve(self, attribution: Attribution) -> Attribution:
         """An untagged error raised where a tagged finding's error was is that finding's
@@ -184,6 +189,16 @@ class Findings:
             known = self.by_difference.get(attribution.same_difference)
         return known
 
+    def same_cause(self, attribution: Attribution, clauses: list[str]) -> Finding | None:
+        """The finding of the same raise under another signature ([Note: one cause, one
+        finding]): the same exception raised at the same line of the strategy (or of torch,
+        reached from the same strategy line) in a check of other clauses, or tagged with
+        another clause on the way; None when :meth:`match` already finds the failure's own."""
+        key = same_raise(attribution)
+        if not key or self.match(attribution, clauses) is not None:
+            return None
+        return self.by_raise.get(key)
+
     def explaining(self, attribution: Attribution) -> Finding | None:
         """The finding that explains a failure met looking through other clauses' methods: the
         first (not only late) finding under one of ``attribution.through``, or None."""
@@ -231,6 +246,8 @@ class Findings:
                 self.by_untagged_place.setdefault(attribution.place, finding)
             if attribution.same_difference:
                 self.by_difference.setdefault(attribution.same_difference, finding)
+            if same_raise(attribution):
+                self.by_raise.setdefault(same_raise(attribution), finding)
         finding.clauses.extend(c for c in clauses if c not in finding.clauses)
         finding.seen_late = finding.seen_late or late
         finding.add_check(check_id)

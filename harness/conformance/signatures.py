@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 
+from harness.conformance.checked_headline import told_after_right_file
 from harness.conformance.crash_site import OWN_DIRS, clause_at_crash, crashed_inside
 from harness.hypothesis_compat import is_wrapped_base_exception
 from harness.report.words import shorten
@@ -31,6 +32,7 @@ from harness.verdicts.attribution import (
     clause_of,
     looked_through,
 )
+from harness.verdicts.checked_file import checked_file_of
 from harness.verdicts.outcomes import RankFailure
 
 __all__ = [
@@ -65,6 +67,11 @@ _MASKS = (
     # a device mesh's printed shape and names: "meshes differ" is one error whichever meshes
     (re.compile(r"DeviceMesh\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\)"), "MESH"),
     (re.compile(r"(?:/[\w.@+-]+){2,}/?"), "PATH"),
+    # a precision and its dtypes: the same raise (or wrong answer) under bf16-mixed and
+    # 16-mixed is one finding ("a gradient with dtype BFloat16" / "... Half")
+    (re.compile(r"\b(?:bf)?(?:16|32|64)-(?:mixed|true)\b"), "PRECISION"),
+    (re.compile(r"\btorch\.(?:b?float(?:16|32|64)|half|float|double)\b"), "DTYPE"),
+    (re.compile(r"\b(?:BFloat16|Half|Float|Double)\b"), "DTYPE"),
     # a comparison's tolerance and its reason (suites' assert_close): the same wrong value is
     # one finding whichever precision's tolerance it went past
     (re.compile(r"\(rtol=.*$"), "(TOLERANCE)"),
@@ -87,6 +94,8 @@ _RANK_ERROR = re.compile(
 #: ``... loaded at world size 2 (fsdp): optimizer['state']['fc.bias']['exp_avg']: 3 of 4 ...``
 _NESTED = re.compile(r"(?<![\w\]])(\w+)((?:\[[^\[\]]*\])+): (.+)$")
 _SUBSCRIPT = re.compile(r"\[[^\[\]]*\]")
+#: a list of quoted names, of any length: ``['exp_avg', 'step']``, ``['momentum_buffer']``
+_QUOTED_NAMES = re.compile(r"\[(?:'[^']*', )*'[^']*'\]")
 #: a suite's assertion message that starts with the clause it checks: ``"CKPT-RT-1: ..."``
 _NAMED_CLAUSE = re.compile(r"^\s*(?:rank \d+: )?([A-Z]+(?:-[A-Z]+)*-\d+):")
 
@@ -167,7 +176,10 @@ def difference(first_line: str) -> str:
         return ""
     subscripts = _SUBSCRIPT.findall(match.group(2))
     deeper = "[…]" if len(subscripts) > 1 else ""
-    return mask(f"{match.group(1)}{subscripts[0]}{deeper}: {match.group(3)}")
+    # the entry names what is wrong: a list after it is what an entry holds (Adam's moments,
+    # SGD's momentum buffer), one finding whichever optimizer showed it
+    what = _QUOTED_NAMES.sub("[NAMES]", match.group(3))
+    return mask(f"{match.group(1)}{subscripts[0]}{deeper}: {what}")
 
 
 def _strip_line(where: str) -> str:
@@ -397,6 +409,9 @@ def _split_top(text: str, separator: str) -> list[str]:
 #: a suite's rank job that loads a checkpoint (its module or function name says so: a load,
 #: a round trip, a resume, a reshard): what trains in it may train on what a load left
 _LOADING_JOB = re.compile(r"load|round_trip|resume|reshard")
+#: a suite function that saves: a step under it trains what is about to be saved (or was
+#: just saved), not what a load left (the round trip's save half, ``_round_trip_save``)
+_SAVING = re.compile(r"save")
 
 
 def _with_method(attribution: Attribution, traceback_text: str) -> Attribution:
@@ -412,6 +427,7 @@ def _with_method(attribution: Attribution, traceback_text: str) -> Attribution:
     called = [func for file, func in frames[suite[-1] + 1 :] if not _own(file)]
     method = called[0] if called else ""
     loads = any(_LOADING_JOB.search(f"{Path(frames[i][0]).name}:{frames[i][1]}") for i in suite)
+    loads = loads and not any(_SAVING.search(frames[i][1]) for i in suite)
     through = ROUND_TRIP_CLAUSES if method in TRAINING_METHODS and loads else ()
     return replace(attribution, method=method, through=through or attribution.through)
 
@@ -491,8 +507,9 @@ def _installed(path: str) -> bool:
 
 def _attribute_plain(exc: BaseException) -> Attribution:
     clause = clause_of(exc)
+    found = checked_file_of(exc)  # the load met a file found right ([Note: a load after ...])
     if isinstance(exc, RankFailure):
-        return _rank_attribution(exc, clause)
+        return _rank_attribution(exc, clause, found)
     where, outside = _where_in_text(_tb_text(exc.__traceback__))
     kind = "raised" if outside else "assertion"
     message = str(exc)
@@ -510,7 +527,9 @@ def _attribute_plain(exc: BaseException) -> Attribution:
     first = _first(message) or _no_message(type_name, text, where)
     key = _assertion_key(message) if kind == "assertion" else mask(message)
     attribution = Attribution(clause, kind, type_name, key, where, first)
-    return _told(_with_method(_strategy_site(attribution, text), text), _first(message), text)
+    attribution = _with_method(_strategy_site(attribution, text), text)
+    attribution = _told(attribution, _first(message), text)
+    return replace(attribution, message=told_after_right_file(attribution, found, _first(message)))
 
 
 def _first(message: str) -> str:
@@ -519,7 +538,7 @@ def _first(message: str) -> str:
     return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
-def _rank_attribution(failure: RankFailure, clause: str) -> Attribution:
+def _rank_attribution(failure: RankFailure, clause: str, found: str = "") -> Attribution:
     by_rank = {o.rank: o for o in failure.outcomes}
     first = by_rank[failure.failed_ranks[0]] if failure.failed_ranks else failure.outcomes[0]
     errors = [by_rank[r].error for r in failure.failed_ranks if by_rank[r].error is not None]
@@ -534,7 +553,9 @@ def _rank_attribution(failure: RankFailure, clause: str) -> Attribution:
         line = _first(error.message) or _no_message(error.type_name, error.traceback, where)
         attribution = Attribution(clause, kind, error.type_name, mask(error.message), where, line)
         attribution = _with_method(_strategy_site(attribution, error.traceback), error.traceback)
-        return _told(attribution, _first(error.message), error.traceback)
+        attribution = _told(attribution, _first(error.message), error.traceback)
+        told = told_after_right_file(attribution, found, _first(error.message))
+        return replace(attribution, message=told)
     if first.kind == "crashed":
         what = f"exit code {first.exitcode}"
         clause = clause or clause_at_crash(first.stacks)

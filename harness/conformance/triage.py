@@ -19,6 +19,7 @@ from harness.conformance.checks import Check
 from harness.conformance.economy import SHRINK_SECONDS, ShrinkPolicy, attributed_clauses
 from harness.conformance.examples import finding_example
 from harness.conformance.findings import Finding, Findings, kind_order
+from harness.conformance.one_cause import joined_clauses
 from harness.conformance.signatures import attribute, late_attribution
 from harness.report import CheckResult, FindingResult
 from harness.verdicts.attribution import TRAINING_METHODS, LateViolation
@@ -76,11 +77,17 @@ class Triage:
         # known load finding explains it even when the step's own clause tagged it
         after_load = attribution.method in TRAINING_METHODS
         explained = self.findings.explaining(attribution) if not blocked_by or after_load else None
+        same = self.findings.same_cause(attribution, clauses) if explained is None else None
         if explained is not None:
             # met looking through a method a finding already explains: blocked by it
             finding = explained
             blocked_by = next(c for c in attribution.through if c in finding.clauses)
             clauses = [blocked_by]
+            finding.add_check(check.id)
+        elif same is not None:
+            # the same raise a finding of another clause holds ([Note: one cause, one finding])
+            finding = same
+            clauses, blocked_by = joined_clauses(finding.clauses, check.clauses)
             finding.add_check(check.id)
         else:
             elapsed = time.perf_counter() - self.started

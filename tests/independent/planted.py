@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
@@ -42,6 +42,18 @@ class _LocalShardOptimizer(fsdp2_team.FSDP2TeamStrategy):
             for fqn, s in osd["state"].items()
         }
         return {"state": state, "param_groups": osd["param_groups"]}
+
+
+class _StateBeforeFirstStep(fsdp2_team.FSDP2TeamStrategy):
+    """A save before the first optimizer step writes optimizer state the plain optimizer
+    does not have: torch's ``get_optimizer_state_dict`` initializes the state of an
+    optimizer that never stepped (a step at learning rate 0), and the team keeps it (the
+    team's own ``_optim_state`` drops it). Met by every check that saves before a step: the
+    moments' round trip, the resume machine's first save, a drawn plan of 0 steps."""
+
+    def _optim_state(self, module: nn.Module, optimizer: Optimizer, full: bool) -> Any:
+        options = fsdp2_team._FULL if full else StateDictOptions()
+        return get_optimizer_state_dict(module, optimizer, options=options)
 
 
 class _BareAssertInLoad(fsdp2_team.FSDP2TeamStrategy):
@@ -182,6 +194,7 @@ def _factory(build: Callable[[StrategySpec], Any], cls: type) -> Callable[[Strat
 
 
 local_shard_optimizer = _factory(fsdp2_team.make_strategy, _LocalShardOptimizer)
+state_before_first_step = _factory(fsdp2_team.make_strategy, _StateBeforeFirstStep)
 bare_assert_in_load = _factory(fsdp2_team.make_strategy, _BareAssertInLoad)
 leftover_scratch = _factory(fsdp2_team.make_strategy, _LeftoverScratch)
 load_leaves_plain_state = _factory(fsdp2_team.make_strategy, _LoadLeavesPlainState)

@@ -47,6 +47,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from harness.verdicts.checked_file import loading_checked_file
 from suites.lib.controller.oracles import (
     assert_close,
     low_dtype,
@@ -63,6 +64,7 @@ __all__ = [
     "Plain",
     "check_written",
     "judged_if_it_fails",
+    "matched",
     "plain_at_save",
     "read_written",
     "written_difference",
@@ -214,7 +216,7 @@ def check_written(
     where: str = "",
     model_key: str = "model",
     optim_key: str = "optimizer",
-) -> None:
+) -> str:
     """Fail with the first difference between the checkpoint at ``path`` and the plain state
     of ``plan_save`` (the scenario that trained and saved it), before anything loads it.
 
@@ -226,17 +228,39 @@ def check_written(
         model_key: the key the model was saved under.
         optim_key: the key the optimizer was saved under.
 
+    Returns:
+        What was found right, in words (``the full checkpoint as written matches the plain
+        model and optimizer``): a load that fails on it says so first
+        (:func:`harness.verdicts.checked_file.loading_checked_file`); ``""`` when the
+        checkpoint could not be read so.
+
     Raises:
         AssertionError: ``"CLAUSE: the full checkpoint as written holds ENTRY: WHAT (WHERE)"``.
     """
     content = read_written(path, fmt)
     if content is None:
-        return
+        return ""
     found = written_difference(
         content, plain_at_save(plan_save), fmt, model_key=model_key, optim_key=optim_key
     )
     if found is not None:
         raise AssertionError(found.message(fmt, where))
+    return matched(content, fmt, model_key=model_key, optim_key=optim_key)
+
+
+def matched(
+    content: Mapping[str, Any], fmt: str, *, model_key: str = "model", optim_key: str = "optimizer"
+) -> str:
+    """What :func:`written_difference` compared in ``content`` and found right, in words, or
+    ``""``: a sharded directory is judged on what torch's offline reader finds in it."""
+    sides = [
+        side
+        for side, key in (("model", model_key), ("optimizer", optim_key))
+        if fmt == "full" or key in content
+    ]
+    if not sides:
+        return ""
+    return f"the {fmt} {AS_WRITTEN} matches the plain {' and '.join(sides)}"
 
 
 @contextmanager
@@ -248,7 +272,8 @@ def judged_if_it_fails(
     fails and a checkpoint it wrote is wrong, the check fails with that difference instead
     (the job's failure chained to it), since the load only met a consequence of it. A job
     that failed before its checkpoints could be read, or whose checkpoints are right, fails
-    as it did.
+    as it did; when every one was read and found right, a failure raised in the load says so
+    first ([Note: a load after a right file] in :mod:`harness.verdicts.checked_file`).
 
     Args:
         fmt: ``full`` or ``sharded``.
@@ -259,6 +284,7 @@ def judged_if_it_fails(
     try:
         yield
     except Exception as exc:
+        right = []
         for scenario, path in saves:
             content = read_written(path, fmt) if os.path.exists(path) else None
             if content is None:
@@ -266,7 +292,10 @@ def judged_if_it_fails(
             found = written_difference(content, plain_at_save(scenario), fmt)
             if found is not None:
                 raise AssertionError(found.message(fmt, where)) from exc
-        raise
+            right.append(matched(content, fmt))
+        every = right[0] if right and len(right) == len(saves) and all(right) else ""
+        with loading_checked_file(every):  # the job's own failure, told after the right files
+            raise
 
 
 # --- the model --------------------------------------------------------------------------------

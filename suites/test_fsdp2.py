@@ -21,13 +21,14 @@ import math
 import tempfile
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from suites.lib.controller.checkpoint_checks import assert_loaded_equals_saved
 from suites.lib.controller.checkpoint_plans import ckpt_plans
 from suites.lib.controller.clause_covers import covering_examples
 from suites.lib.controller.dispatch import run
+from suites.lib.controller.lookalikes import FSDP2_LOOKALIKES
 from suites.lib.controller.oracles import assert_parity, expected_dtypes
 from suites.lib.controller.scenarios import (
     examples,
@@ -62,7 +63,9 @@ def _config(scenario: Scenario) -> FSDP2Config:
 
 @pytest.mark.clause("FSDP2-1")
 @covering_examples("FSDP2-1")
-@given(scenarios("fsdp2", nested=True, optimizers=("sgd",)))
+@given(scenarios("fsdp2", nested=True, optimizers=("sgd",), lookalikes=None))
+@example(FSDP2_LOOKALIKES[0])
+@example(FSDP2_LOOKALIKES[1])
 def test_units_are_the_policys_modules_and_the_root(scenario: Scenario) -> None:
     config = _config(scenario)
     expected = sorted(config.wrap.expected_units(build_model(scenario.model, "meta")) | {""})

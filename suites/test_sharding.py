@@ -7,7 +7,9 @@ model_parallel family; the three checks share the clause's one value cover, each
 family's rows. WRAP-1 speaks of FSDP1 units (the fsdp2 family's are FSDP2-1's, in
 ``test_fsdp2.py``); WRAP-2 runs a unit the user made under the fsdp family (an FSDP1 wrapper)
 and the fsdp2 family (``fully_shard``); AC-1 and AC-2 run the two families that checkpoint by
-their own policy.
+their own policy. WRAP-1 and AC-1 (and FSDP2-1) also draw models that hold a subclass of a
+listed class and another module's class of a listed class's name, and run such a model in
+every profile (``suites/lib/controller/lookalikes.py``): "each instance of those classes".
 
 Every test drives the strategy only through ``ctx.make_strategy`` (``--strategy``) and
 reads the result with torch's own APIs (``suites/lib/ranks/readers.py``,
@@ -28,6 +30,7 @@ from hypothesis import strategies as st
 from suites.lib.controller.clause_covers import covering_examples, covering_rows
 from suites.lib.controller.covering import CoverRow, richest_block
 from suites.lib.controller.dispatch import run
+from suites.lib.controller.lookalikes import AC_LOOKALIKES, WRAP_LOOKALIKES
 from suites.lib.controller.oracles import (
     assert_close_state,
     assert_parity,
@@ -157,8 +160,11 @@ def test_gathered_parameters_identical_on_every_rank(scenario: Scenario) -> None
         wrap_kinds=("classes", "module_wrap_policy", "custom_policy", "size", "callable"),
         optimizers=("sgd",),
         nested=True,
+        lookalikes=None,
     )
 )
+@example(WRAP_LOOKALIKES[0])
+@example(WRAP_LOOKALIKES[1])
 def test_units_are_exactly_those_the_policy_selects(scenario: Scenario) -> None:
     config = scenario.strategy
     assert isinstance(config, FSDPConfig)
@@ -214,10 +220,14 @@ def _with_checkpointing(scenario: Scenario) -> Scenario:
 @covering_examples("AC-1", adapt=_with_checkpointing)
 @given(
     SELF_SHARDING.flatmap(
-        lambda f: scenarios(f, ac=True, optimizers=("sgd",), wrap_kinds=("none", "classes"))
+        lambda f: scenarios(
+            f, ac=True, optimizers=("sgd",), wrap_kinds=("none", "classes"), lookalikes=None
+        )
     )
 )
 @example(AC_BLOCKS)
+@example(AC_LOOKALIKES[0])
+@example(AC_LOOKALIKES[1])
 def test_checkpointing_wraps_exactly_the_selected_modules(scenario: Scenario) -> None:
     config = scenario.strategy
     assert isinstance(config, (FSDPConfig, FSDP2Config))

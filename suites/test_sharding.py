@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from suites.lib.controller.clause_covers import covering_examples, covering_rows
 from suites.lib.controller.covering import CoverRow, richest_block
 from suites.lib.controller.dispatch import run
-from suites.lib.controller.lookalikes import AC_LOOKALIKES, WRAP_LOOKALIKES
+from suites.lib.controller.lookalikes import AC_LOOKALIKES, AC_NESTED, WRAP_LOOKALIKES
 from suites.lib.controller.oracles import (
     assert_close_state,
     assert_parity,
@@ -228,6 +228,7 @@ def _with_checkpointing(scenario: Scenario) -> Scenario:
 @example(AC_BLOCKS)
 @example(AC_LOOKALIKES[0])
 @example(AC_LOOKALIKES[1])
+@example(AC_NESTED)
 def test_checkpointing_wraps_exactly_the_selected_modules(scenario: Scenario) -> None:
     config = scenario.strategy
     assert isinstance(config, (FSDPConfig, FSDP2Config))

@@ -248,7 +248,7 @@ SHARDING = Section(
             # its parallelize_fn); a policy of classes selects their instances, as WRAP-1's
             scope=(
                 ("family", ("fsdp", "fsdp2")),
-                ("checkpointing classes", ClassWords.ALL),
+                ("checkpointing classes", (*ClassWords.ALL, ClassWords.NESTED)),
             ),
         ),
         Clause(

@@ -4,7 +4,9 @@ WRAP-1, FSDP2-1 and AC-1 say that a policy given classes selects "each instance 
 classes". Whether a configuration puts those words to the test depends on its model and its
 policy together: a model may hold an instance of a listed class itself, of a subclass of one,
 or of another module's class that only shares a listed class's name (which is no instance of
-it). No axis of the configuration space says that, so each is an axis of its own here: the
+it); and AC-1's "never one checkpoint wrapper inside another" is put to the test only where
+the policy selects a module inside another it selects. No axis of the configuration space
+says that, so each is an axis of its own here: the
 suites' jobs report the values their configuration meets
 (:func:`suites.lib.shared.axes.scenario_axes`), and a clause's ``scope`` names those it speaks
 of.
@@ -34,6 +36,10 @@ class ClassWords:
 
     ALL = (LISTED, SUBCLASS, SAME_NAME)
 
+    #: a selected module inside another selected one (AC-1: "never one checkpoint wrapper
+    #: inside another", so only the outer one is checkpointed)
+    NESTED = "selected inside a selected module"
+
 
 @dataclass(frozen=True)
 class Word:
@@ -53,7 +59,11 @@ class Word:
 #: Every axis of the contract's words.
 WORDS: tuple[Word, ...] = (
     Word("wrap classes", "auto_wrap_policy", ClassWords.ALL),
-    Word("checkpointing classes", "activation_checkpointing_policy", ClassWords.ALL),
+    Word(
+        "checkpointing classes",
+        "activation_checkpointing_policy",
+        (*ClassWords.ALL, ClassWords.NESTED),
+    ),
 )
 
 #: The names of the word axes.

@@ -15,6 +15,7 @@ from harness.clauses import ClassWords
 from harness.torch_compat import WrapPolicyBase
 from suites.lib.controller.lookalikes import (
     AC_LOOKALIKES,
+    AC_NESTED,
     FSDP2_LOOKALIKES,
     LOOKALIKE_MODEL,
     WRAP_LOOKALIKES,
@@ -92,8 +93,21 @@ def test_the_coverage_axes_say_which_words_a_policy_of_classes_met() -> None:
     assert "wrap classes" not in scenario_axes(picker)  # a callable picks for itself
 
 
+def test_of_nested_selected_modules_only_the_outermost_is_checkpointed() -> None:
+    ac = AC_NESTED.strategy.ac
+    assert ac.expected_wrapped(build_model(AC_NESTED.model)) == {"blocks.0", "blocks.1"}
+    words = scenario_axes(AC_NESTED)["checkpointing classes"]
+    assert words == (ClassWords.LISTED, ClassWords.NESTED)
+    units = WrapSpec("classes", ac.classes).expected_units(build_model(AC_NESTED.model))
+    assert {"blocks.0.inner.0", "blocks.0.inner.1"} < units  # FSDP units may nest
+    wrap_words = class_words(AC_NESTED.model, ac.classes)
+    assert ClassWords.NESTED in wrap_words  # ... and scenario_axes leaves it off the wrap axis
+    nested_wrap = Scenario(2, AC_NESTED.model, FSDPConfig(wrap=WrapSpec("classes", ac.classes)))
+    assert scenario_axes(nested_wrap)["wrap classes"] == (ClassWords.LISTED,)
+
+
 def test_every_example_lists_block_in_the_model_that_holds_all_three() -> None:
-    for scenario in (*WRAP_LOOKALIKES, *FSDP2_LOOKALIKES, *AC_LOOKALIKES):
+    for scenario in (*WRAP_LOOKALIKES, *FSDP2_LOOKALIKES, *AC_LOOKALIKES):  # AC_NESTED aside
         assert scenario.model == LOOKALIKE_MODEL and scenario.world_size == 2
         assert ClassWords.SAME_NAME in sum(scenario_axes(scenario).values(), ())
     assert {s.family for s in (*WRAP_LOOKALIKES, *AC_LOOKALIKES)} == {"fsdp", "fsdp2"}

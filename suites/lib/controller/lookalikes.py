@@ -10,7 +10,9 @@ takes the other module's ``Block`` in.
 
 The checks of those clauses draw such models too (``lookalikes=None`` of
 :func:`~suites.lib.controller.scenarios.scenarios`); these explicit examples reach them in
-every profile, the derandomized ``ci`` included. Each runs at world size 2, one SGD step.
+every profile, the derandomized ``ci`` included. :data:`AC_NESTED` puts AC-1's "never one
+checkpoint wrapper inside another" to the test, which no drawn checkpointing policy does (they
+never select a module inside another they select). Each runs at world size 2, one SGD step.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from suites.lib.shared.specs import (
 
 __all__ = [
     "AC_LOOKALIKES",
+    "AC_NESTED",
     "FSDP2_LOOKALIKES",
     "LOOKALIKE_MODEL",
     "WRAP_LOOKALIKES",
@@ -42,8 +45,8 @@ LOOKALIKE_MODEL = ModelSpec(
 _BLOCK = ("Block",)
 
 
-def _scenario(config: FSDPConfig | FSDP2Config) -> Scenario:
-    return Scenario(2, LOOKALIKE_MODEL, config, OptimSpec("sgd"), TrainPlan(steps=1))
+def _scenario(config: FSDPConfig | FSDP2Config, model: ModelSpec = LOOKALIKE_MODEL) -> Scenario:
+    return Scenario(2, model, config, OptimSpec("sgd"), TrainPlan(steps=1))
 
 
 #: WRAP-1: FSDP1 units of a set of classes and of a ``ModuleWrapPolicy``
@@ -63,4 +66,12 @@ FSDP2_LOOKALIKES = (
 AC_LOOKALIKES = (
     _scenario(FSDPConfig(wrap=WrapSpec("classes", _BLOCK), ac=ACSpec("classes", _BLOCK))),
     _scenario(FSDP2Config(ac=ACSpec("module_wrap_policy", _BLOCK))),
+)
+#: AC-1: a policy that selects the NestedBlock and the Blocks inside it: only the outer one
+#: is checkpointed (no checkpoint wrapper inside another), and the Block beside it
+AC_NESTED = _scenario(
+    FSDP2Config(ac=ACSpec("classes", ("Block", "NestedBlock"))),
+    ModelSpec(
+        hidden=4, blocks=(BlockSpec("NestedBlock", ffn=2, inner=2), BlockSpec(ffn=3)), seed=6
+    ),
 )

@@ -92,18 +92,20 @@ POLICY_CLASS_KINDS = ("classes", "module_wrap_policy")
 def class_words(model: ModelSpec, classes: tuple[str, ...]) -> tuple[str, ...]:
     """What a policy of the zoo classes ``classes`` meets in ``model``'s modules
     (:class:`harness.clauses.ClassWords`): instances of a listed class, instances of a subclass
-    of one (which it selects), and modules of another class named like one (which it does
-    not)."""
+    of one (which it selects), modules of another class named like one (which it does not),
+    and a selected module inside another selected one."""
     listed = tuple(module_class(name) for name in classes)
     found: set[str] = set()
-    for module in build_model(model, "meta").modules():
-        if type(module) in listed:
-            found.add(ClassWords.LISTED)
-        elif isinstance(module, listed):
-            found.add(ClassWords.SUBCLASS)
+    selected: list[str] = []
+    for name, module in build_model(model, "meta").named_modules():
+        if isinstance(module, listed):
+            found.add(ClassWords.LISTED if type(module) in listed else ClassWords.SUBCLASS)
+            if name and any(name.startswith(f"{outer}.") for outer in selected):
+                found.add(ClassWords.NESTED)
+            selected.append(name)
         elif type(module).__name__ in classes:
             found.add(ClassWords.SAME_NAME)
-    return tuple(word for word in ClassWords.ALL if word in found)
+    return tuple(w for w in (*ClassWords.ALL, ClassWords.NESTED) if w in found)
 
 
 def _words(scenario: Scenario) -> dict[str, tuple[str, ...]]:
@@ -112,9 +114,11 @@ def _words(scenario: Scenario) -> dict[str, tuple[str, ...]]:
     if not isinstance(strategy, (FSDPConfig, FSDP2Config)):
         return {}
     found = {}
-    for axis, spec in (("wrap classes", strategy.wrap), ("checkpointing classes", strategy.ac)):
-        if spec.kind in POLICY_CLASS_KINDS:
-            found[axis] = class_words(scenario.model, spec.classes)
+    if strategy.wrap.kind in POLICY_CLASS_KINDS:  # nested units are no word of WRAP-1
+        words = class_words(scenario.model, strategy.wrap.classes)
+        found["wrap classes"] = tuple(w for w in words if w != ClassWords.NESTED)
+    if strategy.ac.kind in POLICY_CLASS_KINDS:
+        found["checkpointing classes"] = class_words(scenario.model, strategy.ac.classes)
     return {axis: words for axis, words in found.items() if words}
 
 

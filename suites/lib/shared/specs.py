@@ -193,16 +193,19 @@ class ACSpec:
         return _build_policy("ACSpec", AC_KINDS, self.kind, self.classes)
 
     def expected_wrapped(self, model: nn.Module) -> set[str]:
-        """Qualified names of the modules that must be checkpoint-wrapped: every instance of
-        the classes (AC-1), for the ``callable`` kind the modules it picks through FSDP1's
-        recursion."""
+        """Qualified names of the modules that must be checkpoint-wrapped: those the policy
+        selects (every instance of the classes; for the ``callable`` kind those it picks
+        through FSDP1's recursion) but for one inside another selected module: AC-1 allows no
+        checkpoint wrapper inside another, so of nested selected modules only the outermost
+        is wrapped."""
         if self.kind == "none":
             return set()
+        selected: set[str] = set()
         if self.kind == "callable":
-            out: set[str] = set()
-            _simulate_recursive(model, self.build(), "", out)
-            return out
-        return _instances(model, self.classes)
+            _simulate_recursive(model, self.build(), "", selected)
+        else:
+            selected = _instances(model, self.classes)
+        return {n for n in selected if not any(n.startswith(f"{o}.") for o in selected)}
 
 
 def _group_of(name: str, rule: str) -> int:

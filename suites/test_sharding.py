@@ -39,6 +39,7 @@ from suites.lib.controller.oracles import (
 )
 from suites.lib.controller.regressions import AC_BLOCKS, WRAP_MHA_MIXED
 from suites.lib.controller.scenarios import job_world, scenarios, train_plans
+from suites.lib.controller.selection import selection_difference
 from suites.lib.controller.tolerances import EXACT
 from suites.lib.ranks.sharding_jobs import (
     ac_rank,
@@ -168,10 +169,12 @@ def test_gathered_parameters_identical_on_every_rank(scenario: Scenario) -> None
 def test_units_are_exactly_those_the_policy_selects(scenario: Scenario) -> None:
     config = scenario.strategy
     assert isinstance(config, FSDPConfig)
-    expected = sorted(config.wrap.expected_units(build_model(scenario.model, "meta")) | {""})
+    plain = build_model(scenario.model, "meta")
+    expected = sorted(config.wrap.expected_units(plain) | {""})
     for rank, units in enumerate(run(units_rank, scenario, world_size=scenario.world_size)):
         assert units == expected, (
-            f"rank {rank}: FSDP units {units} differ from the ones {config.wrap} selects "
+            f"rank {rank}: FSDP units differ from the ones {config.wrap} selects: "
+            f"{selection_difference(plain, units, expected)}; units {units}, selected "
             f"{expected} ('' is the root)"
         )
 
@@ -232,12 +235,14 @@ def _with_checkpointing(scenario: Scenario) -> Scenario:
 def test_checkpointing_wraps_exactly_the_selected_modules(scenario: Scenario) -> None:
     config = scenario.strategy
     assert isinstance(config, (FSDPConfig, FSDP2Config))
-    expected = sorted(config.ac.expected_wrapped(build_model(scenario.model, "meta")))
+    plain = build_model(scenario.model, "meta")
+    expected = sorted(config.ac.expected_wrapped(plain))
     for rank, out in enumerate(run(ac_rank, scenario, world_size=scenario.world_size)):
         assert not out["nested"], f"rank {rank}: checkpoint wrappers nested: {out['nested']}"
         assert out["wrapped"] == expected, (
-            f"rank {rank}: checkpoint-wrapped modules {out['wrapped']} differ from the ones "
-            f"{config.ac} selects {expected}"
+            f"rank {rank}: checkpoint-wrapped modules differ from the ones {config.ac} "
+            f"selects: {selection_difference(plain, out['wrapped'], expected)}; wrapped "
+            f"{out['wrapped']}, selected {expected}"
         )
 
 

@@ -1,6 +1,6 @@
 """Each policy of classes read wrong (``selfcheck_classes/broken.py``) fails its own clause and
-no other of the three that speak of "each instance of those classes"; the reference passes
-all three.
+no other of the three that speak of "each instance of those classes" (the reference passes
+all three: the suites' own run against it, ``ci/test.sh``).
 
 Each case runs the wrap, checkpointing and fsdp2 suites on WRAP-1, FSDP2-1 and AC-1 together
 (``selfcheck`` profile: ``ci`` without shrinking, four ranks) and reads the conformance
@@ -22,11 +22,11 @@ from selfcheck_classes.broken import BUGS
 
 CLAUSES = ("WRAP-1", "FSDP2-1", "AC-1")
 SUITES = ["suites/test_sharding.py", "suites/test_fsdp2.py"]
-#: what the failure of each clause's check says
+#: what the failure of each bug's check says: the module the policy read wrong, by class
 SAYS = {
-    "WRAP-1": "differ from the ones",
-    "FSDP2-1": "differ from the ones",
-    "AC-1": "checkpoint-wrapped modules",
+    "wraps_by_exact_type": "missing blocks.1 (suites.lib.shared.models.ScaledBlock)",
+    "wraps_by_class_name": "extra blocks.2 (suites.lib.shared.lookalike.Block)",
+    "checkpoints_by_class_name": "extra blocks.2 (suites.lib.shared.lookalike.Block)",
 }
 RUN_TIMEOUT_S = 300
 
@@ -56,13 +56,6 @@ def test_a_policy_read_wrong_fails_its_clause_and_no_other(bug: str, tmp_path: P
     assert failed and all(c["clauses"] == [clause] for c in failed), (
         f"{bug}: failed checks {[(c['clauses'], c['failure'][:200]) for c in failed]}"
     )
-    assert any(SAYS[clause] in c["failure"] for c in failed), (
-        f"{bug}: no failure says {SAYS[clause]!r}: {[c['failure'][:300] for c in failed]}"
+    assert any(SAYS[bug] in c["failure"] for c in failed), (
+        f"{bug}: no failure says {SAYS[bug]!r}: {[c['failure'][:300] for c in failed]}"
     )
-
-
-@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
-def test_the_reference_passes_the_three_clauses(tmp_path: Path) -> None:
-    report, tail = _report("reference_impl:make_strategy", tmp_path)
-    outcomes = {c: report["clauses"].get(c) for c in CLAUSES}
-    assert outcomes == dict.fromkeys(CLAUSES, "passed"), f"reference: {outcomes}\n{tail}"

@@ -21,6 +21,7 @@ from suites.lib.controller.lookalikes import (
     WRAP_LOOKALIKES,
 )
 from suites.lib.controller.scenarios import model_specs, scenarios
+from suites.lib.controller.selection import selection_difference
 from suites.lib.shared import lookalike
 from suites.lib.shared.axes import class_words, scenario_axes
 from suites.lib.shared.models import Block, BlockSpec, ModelSpec, ScaledBlock, build_model
@@ -128,3 +129,14 @@ def test_a_drawn_policy_of_classes_may_list_block_beside_the_lookalikes(s: Scena
     units = s.strategy.wrap.expected_units(build_model(s.model, "meta"))
     foreign = [f"blocks.{i}" for i, b in enumerate(s.model.blocks) if b.kind == "ForeignBlock"]
     assert foreign and not units & set(foreign)  # never selected, whatever is listed
+
+
+def test_a_difference_names_each_module_missing_or_extra_with_its_class() -> None:
+    model = build_model(LOOKALIKE_MODEL, "meta")
+    said = selection_difference(model, ["", "blocks.0", "blocks.2"], ["", "blocks.0", "blocks.1"])
+    assert said == (
+        "missing blocks.1 (suites.lib.shared.models.ScaledBlock); "
+        "extra blocks.2 (suites.lib.shared.lookalike.Block)"
+    )
+    assert selection_difference(model, ["blocks.0"], ["blocks.0"]) == ""
+    assert "nowhere (not in the model)" in selection_difference(model, ["nowhere"], [])

@@ -21,7 +21,7 @@ import math
 import tempfile
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from harness.verdicts.checked_file import loading_checked_file
@@ -29,6 +29,7 @@ from suites.lib.controller.checkpoint_checks import assert_loaded_equals_saved
 from suites.lib.controller.checkpoint_plans import ckpt_plans
 from suites.lib.controller.clause_covers import covering_examples
 from suites.lib.controller.dispatch import run
+from suites.lib.controller.lookalikes import FSDP2_LOOKALIKES
 from suites.lib.controller.oracles import assert_parity, expected_dtypes
 from suites.lib.controller.scenarios import (
     examples,
@@ -40,6 +41,7 @@ from suites.lib.controller.scenarios import (
     train_plans,
     world_sizes,
 )
+from suites.lib.controller.selection import selection_difference
 from suites.lib.controller.written import check_written
 from suites.lib.ranks.checkpoint_jobs import load_rank, path_for, save_rank
 from suites.lib.ranks.fsdp2_jobs import (
@@ -63,14 +65,18 @@ def _config(scenario: Scenario) -> FSDP2Config:
 
 @pytest.mark.clause("FSDP2-1")
 @covering_examples("FSDP2-1")
-@given(scenarios("fsdp2", nested=True, optimizers=("sgd",)))
+@given(scenarios("fsdp2", nested=True, optimizers=("sgd",), lookalikes=None))
+@example(FSDP2_LOOKALIKES[0])
+@example(FSDP2_LOOKALIKES[1])
 def test_units_are_the_policys_modules_and_the_root(scenario: Scenario) -> None:
     config = _config(scenario)
-    expected = sorted(config.wrap.expected_units(build_model(scenario.model, "meta")) | {""})
+    plain = build_model(scenario.model, "meta")
+    expected = sorted(config.wrap.expected_units(plain) | {""})
     for rank, out in enumerate(run(units_rank, scenario, world_size=scenario.world_size)):
         assert out["units"] == expected, (
-            f"FSDP2-1: rank {rank}: FSDPModules {out['units']} differ from the ones "
-            f"{config.wrap} selects plus the root: {expected} ('' is the root)"
+            f"FSDP2-1: rank {rank}: FSDPModules differ from the ones {config.wrap} selects "
+            f"plus the root: {selection_difference(plain, out['units'], expected)}; units "
+            f"{out['units']}, selected {expected} ('' is the root)"
         )
         unsharded = {n: p for n, p in out["placements"].items() if "Shard(dim=0)" not in p}
         assert not unsharded, (

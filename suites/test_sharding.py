@@ -7,7 +7,9 @@ model_parallel family; the three checks share the clause's one value cover, each
 family's rows. WRAP-1 speaks of FSDP1 units (the fsdp2 family's are FSDP2-1's, in
 ``test_fsdp2.py``); WRAP-2 runs a unit the user made under the fsdp family (an FSDP1 wrapper)
 and the fsdp2 family (``fully_shard``); AC-1 and AC-2 run the two families that checkpoint by
-their own policy.
+their own policy. WRAP-1 and AC-1 (and FSDP2-1) also draw models that hold a subclass of a
+listed class and another module's class of a listed class's name, and run such a model in
+every profile (``suites/lib/controller/lookalikes.py``): "each instance of those classes".
 
 Every test drives the strategy only through ``ctx.make_strategy`` (``--strategy``) and
 reads the result with torch's own APIs (``suites/lib/ranks/readers.py``,
@@ -28,6 +30,7 @@ from hypothesis import strategies as st
 from suites.lib.controller.clause_covers import covering_examples, covering_rows
 from suites.lib.controller.covering import CoverRow, richest_block
 from suites.lib.controller.dispatch import run
+from suites.lib.controller.lookalikes import AC_LOOKALIKES, AC_NESTED, WRAP_LOOKALIKES
 from suites.lib.controller.oracles import (
     assert_close_state,
     assert_parity,
@@ -36,6 +39,7 @@ from suites.lib.controller.oracles import (
 )
 from suites.lib.controller.regressions import AC_BLOCKS, WRAP_MHA_MIXED
 from suites.lib.controller.scenarios import job_world, scenarios, train_plans
+from suites.lib.controller.selection import selection_difference
 from suites.lib.controller.tolerances import EXACT
 from suites.lib.ranks.sharding_jobs import (
     ac_rank,
@@ -157,15 +161,20 @@ def test_gathered_parameters_identical_on_every_rank(scenario: Scenario) -> None
         wrap_kinds=("classes", "module_wrap_policy", "custom_policy", "size", "callable"),
         optimizers=("sgd",),
         nested=True,
+        lookalikes=None,
     )
 )
+@example(WRAP_LOOKALIKES[0])
+@example(WRAP_LOOKALIKES[1])
 def test_units_are_exactly_those_the_policy_selects(scenario: Scenario) -> None:
     config = scenario.strategy
     assert isinstance(config, FSDPConfig)
-    expected = sorted(config.wrap.expected_units(build_model(scenario.model, "meta")) | {""})
+    plain = build_model(scenario.model, "meta")
+    expected = sorted(config.wrap.expected_units(plain) | {""})
     for rank, units in enumerate(run(units_rank, scenario, world_size=scenario.world_size)):
         assert units == expected, (
-            f"rank {rank}: FSDP units {units} differ from the ones {config.wrap} selects "
+            f"rank {rank}: FSDP units differ from the ones {config.wrap} selects: "
+            f"{selection_difference(plain, units, expected)}; units {units}, selected "
             f"{expected} ('' is the root)"
         )
 
@@ -214,19 +223,26 @@ def _with_checkpointing(scenario: Scenario) -> Scenario:
 @covering_examples("AC-1", adapt=_with_checkpointing)
 @given(
     SELF_SHARDING.flatmap(
-        lambda f: scenarios(f, ac=True, optimizers=("sgd",), wrap_kinds=("none", "classes"))
+        lambda f: scenarios(
+            f, ac=True, optimizers=("sgd",), wrap_kinds=("none", "classes"), lookalikes=None
+        )
     )
 )
 @example(AC_BLOCKS)
+@example(AC_LOOKALIKES[0])
+@example(AC_LOOKALIKES[1])
+@example(AC_NESTED)
 def test_checkpointing_wraps_exactly_the_selected_modules(scenario: Scenario) -> None:
     config = scenario.strategy
     assert isinstance(config, (FSDPConfig, FSDP2Config))
-    expected = sorted(config.ac.expected_wrapped(build_model(scenario.model, "meta")))
+    plain = build_model(scenario.model, "meta")
+    expected = sorted(config.ac.expected_wrapped(plain))
     for rank, out in enumerate(run(ac_rank, scenario, world_size=scenario.world_size)):
         assert not out["nested"], f"rank {rank}: checkpoint wrappers nested: {out['nested']}"
         assert out["wrapped"] == expected, (
-            f"rank {rank}: checkpoint-wrapped modules {out['wrapped']} differ from the ones "
-            f"{config.ac} selects {expected}"
+            f"rank {rank}: checkpoint-wrapped modules differ from the ones {config.ac} "
+            f"selects: {selection_difference(plain, out['wrapped'], expected)}; wrapped "
+            f"{out['wrapped']}, selected {expected}"
         )
 
 

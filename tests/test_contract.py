@@ -14,6 +14,8 @@ from harness.clauses import (
     ARGUMENTS,
     CLAUSES,
     SECTIONS,
+    WORD_AXES,
+    WORDS,
     UnknownClauseError,
     clause_text,
     clauses_of,
@@ -103,3 +105,17 @@ def test_clause_scopes_name_declared_argument_values_and_own_every_one() -> None
                 owned[axis] |= set(allowed)
     assert owned == declared  # each legal value is some clause's business
     assert dict(CLAUSES["CLIP-1"].scope)["norm_type"] == ("2", "1", "inf", "1.5")
+
+
+def test_clause_scopes_name_the_contracts_words_and_own_every_one() -> None:
+    declared = {w.name: set(w.values) for w in WORDS}
+    owned: dict[str, set[str]] = {name: set() for name in declared}
+    for clause in CLAUSES.values():
+        for axis, allowed in clause.scope:
+            if axis in WORD_AXES:
+                assert set(allowed) <= declared[axis], (clause.id, axis, allowed)
+                owned[axis] |= set(allowed)
+    assert owned == declared  # each word is some clause's business
+    assert not WORD_AXES & ARGUMENT_AXES
+    speaks = {c.id for c in CLAUSES.values() if dict(c.scope).keys() & WORD_AXES}
+    assert speaks == {"WRAP-1", "FSDP2-1", "AC-1"}  # "each instance of those classes"

@@ -8,7 +8,9 @@ failing clause's text), the clause-coverage test, ``pytest --list-clauses`` and
     clause_text("CKPT-RT-3")   # -> "Resharding: in either format, ..."
 
 The arguments of the contract's methods that take more than one legal value are axes too
-(:mod:`harness.clauses.arguments`): a clause's ``scope`` names those it speaks of.
+(:mod:`harness.clauses.arguments`), and so are words of the contract only some models meet
+(:mod:`harness.clauses.words`: "each instance of those classes"): a clause's ``scope`` names
+those it speaks of.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from harness.clauses.registry import (
     build_index,
     match_ids,
 )
+from harness.clauses.words import WORD_AXES, WORDS, ClassWords, Word
 
 __all__ = [
     "ALL_CLAUSES",
@@ -35,10 +38,14 @@ __all__ = [
     "FAMILIES",
     "PREAMBLE",
     "SECTIONS",
+    "WORDS",
+    "WORD_AXES",
     "Argument",
+    "ClassWords",
     "Clause",
     "Section",
     "UnknownClauseError",
+    "Word",
     "clause_text",
     "clauses_of",
     "select",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from harness.clauses.checkpoints import MOMENTS
 from harness.clauses.registry import Clause, Section
+from harness.clauses.words import ClassWords
 
 __all__ = ["API", "CONSTRUCTION", "SHARDING", "TRAINING"]
 
@@ -216,8 +217,9 @@ SHARDING = Section(
             "units are exactly the modules the policy picks.",
             # FSDP1's units (FullyShardedDataParallel wrappers): the fsdp2 family's units are
             # FSDPModules, and FSDP2-1 says the same of them; model_parallel's units are its
-            # parallelize_fn's, not a policy's
-            scope=(("family", ("fsdp",)),),
+            # parallelize_fn's, not a policy's. "each instance": a subclass's instance too, a
+            # same-named class of another module not (harness.clauses.words)
+            scope=(("family", ("fsdp",)), ("wrap classes", ClassWords.ALL)),
         ),
         Clause(
             "WRAP-2",
@@ -243,8 +245,11 @@ SHARDING = Section(
             "another; when the model already has checkpointed layers it warns and changes "
             "nothing.",
             # the families that checkpoint by their own policy (model_parallel leaves it to
-            # its parallelize_fn)
-            scope=(("family", ("fsdp", "fsdp2")),),
+            # its parallelize_fn); a policy of classes selects their instances, as WRAP-1's
+            scope=(
+                ("family", ("fsdp", "fsdp2")),
+                ("checkpointing classes", (*ClassWords.ALL, ClassWords.NESTED)),
+            ),
         ),
         Clause(
             "AC-2",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from harness.clauses.registry import Clause, Section
+from harness.clauses.words import ClassWords
 
 __all__ = ["FSDP2"]
 
@@ -19,7 +20,7 @@ FSDP2 = Section(
             "callable `fn(module)` or an FSDP1-style policy selects) and the root; no other "
             "module is one. Every parameter is a DTensor sharded along dim 0 over the mesh's "
             "shard dimension.",
-            scope=(_FAMILY,),
+            scope=(_FAMILY, ("wrap classes", ClassWords.ALL)),
         ),
         Clause(
             "FSDP2-2",

@@ -22,7 +22,9 @@ The jobs also report the arguments they passed to the contract's methods
 call, not per configuration: its values are listed like an axis's, per clause too, but are
 left out of the pairs (the pairwise figure stays one of configurations), and the values a
 clause's checks never passed are those of its scope (the contract declares them, not the
-suites' space).
+suites' space). The axes of the contract's words that only some models meet
+(:mod:`harness.clauses.words`: a subclass of a listed class, a same-named class from another
+module) are counted the same way.
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from itertools import combinations
 from typing import Any
 
-from harness.clauses import ARGUMENT_AXES, CLAUSES
+from harness.clauses import ARGUMENT_AXES, CLAUSES, WORD_AXES
 from harness.conformance.checks import Check
 
 __all__ = [
     "MISSING_SHOWN",
+    "SCOPED_AXES",
     "by_clause",
     "coverage_of",
     "in_scope",
@@ -47,6 +50,11 @@ __all__ = [
 MISSING_SHOWN = 8
 
 Pair = tuple[str, str, str, str]  # (axis, value, other axis, other value), axes in name order
+
+#: axes counted per call or per model, not per configuration: the arguments of the contract's
+#: methods and the contract's words (values listed, left out of the pairs, never reached only
+#: inside a scope that names them)
+SCOPED_AXES = ARGUMENT_AXES | WORD_AXES
 
 
 def _order(value: str) -> tuple[int, int, str]:
@@ -60,9 +68,9 @@ def _pair_order(pair: Pair) -> tuple[Any, ...]:
 
 def pairs_of(entry: Mapping[str, Sequence[str]]) -> set[Pair]:
     """Every pair of values on two different axes of one job's configuration (arguments of
-    the contract's methods left out)."""
+    the contract's methods and the contract's words left out: :data:`SCOPED_AXES`)."""
     found: set[Pair] = set()
-    axes = sorted(axis for axis in entry if axis not in ARGUMENT_AXES)
+    axes = sorted(axis for axis in entry if axis not in SCOPED_AXES)
     for first, second in combinations(axes, 2):
         for a in entry[first]:
             for b in entry[second]:
@@ -87,12 +95,12 @@ def in_scope(universe: Iterable[Pair], scope: Mapping[str, Sequence[str]]) -> di
     """The values each axis takes inside ``scope`` (allowed values per axis; an axis it does
     not name is free): a value is inside when it is allowed on its own axis and, on every
     other scoped axis, some pair of ``universe`` puts it beside an allowed value (a
-    model-parallel-only value is outside a scope of ``family: fsdp``). An argument of the
-    scope (:data:`harness.clauses.ARGUMENT_AXES`) restricts no other axis, and the values
-    inside it are the scope's own: every configuration takes every argument's values. An
+    model-parallel-only value is outside a scope of ``family: fsdp``). An argument or word
+    axis of the scope (:data:`SCOPED_AXES`) restricts no other axis, and the values inside it
+    are the scope's own: every configuration takes every argument's values. An
     axis whose allowed values include all the values ``universe`` has for it restricts nothing
     either (every clause names its families: those of a clause of every family are free)."""
-    arguments = {axis: set(allowed) for axis, allowed in scope.items() if axis in ARGUMENT_AXES}
+    arguments = {axis: set(allowed) for axis, allowed in scope.items() if axis in SCOPED_AXES}
     beside: dict[tuple[str, str], dict[str, set[str]]] = {}
     taken: dict[str, set[str]] = {}
     for first, a, second, b in universe:
@@ -120,8 +128,8 @@ def in_scope(universe: Iterable[Pair], scope: Mapping[str, Sequence[str]]) -> di
 
 def by_clause(checks: Iterable[Check], universe: Iterable[Pair] = ()) -> dict[str, Any]:
     """Per clause and axis: the values that reached a check of the clause, those a passing
-    check of it exercised, and (with a declared ``universe``; for the arguments its scope
-    names, always) those of the clause's scope (:attr:`harness.clauses.Clause.scope`) it
+    check of it exercised, and (with a declared ``universe``; for the arguments and words its
+    scope names, always) those of the clause's scope (:attr:`harness.clauses.Clause.scope`) it
     never reached.
 
     Returns:

@@ -164,3 +164,22 @@ def test_a_run_whose_jobs_report_only_arguments_has_a_coverage_table() -> None:
     assert coverage["pairs_supported"] == 0
     assert coverage["values"] == {"storage_options": ["None", "given"]}
     assert coverage["by_clause"]["CKPT-SAVE-1"]["storage_options"]["never"] == []
+
+
+def test_the_contracts_words_are_listed_per_clause_like_arguments() -> None:
+    # a policy of classes met only instances of the listed class: WRAP-1 speaks of the other
+    # two words too ("each instance of those classes"), TRAIN-1 of none of them
+    entry = {"family": ("fsdp",), "wrap": ("classes",), "wrap classes": ("listed class",)}
+    assert pairs_of(entry) == {("family", "fsdp", "wrap", "classes")}
+    wrap = _check("passed", entry)
+    wrap.clauses = ["WRAP-1"]
+    universe = {("family", "fsdp", "wrap", "classes"), ("family", "fsdp2", "wrap", "classes")}
+    coverage = coverage_of([wrap, _check("passed", entry)], universe)
+    assert coverage["pairs_supported"] == 1
+    assert coverage["by_clause"]["WRAP-1"]["wrap classes"] == {
+        "covered": ["listed class"],
+        "reached": ["listed class"],
+        "never": ["same-named class from another module", "subclass of a listed class"],
+    }
+    assert coverage["by_clause"]["WRAP-1"]["family"]["never"] == []  # fsdp2 is FSDP2-1's
+    assert coverage["by_clause"]["TRAIN-1"]["wrap classes"]["never"] == []

@@ -136,13 +136,22 @@ def writes_running_var_low(spec: StrategySpec) -> Any:
 
 class _RewrapsUsersUnits:
     """``setup_module`` does not see the user's ``fully_shard`` units: the wrap policy is
-    applied as if there were none (no warning), on top of them."""
+    applied as if there were none (no warning), on top of them. Only the units themselves
+    are skipped, as torch refuses a second ``fully_shard`` (a policy of classes selects them:
+    ``fully_shard`` makes a module an instance of a subclass of its class); every other
+    module the policy selects gets one."""
 
     def setup_module(self, module: nn.Module) -> nn.Module:
         class _Never:  # no module is an instance: the user's units go unseen
             pass
 
-        with mock.patch.object(fsdp2_module, "FSDPModule", _Never):
+        def around_them(root: nn.Module, policy: Any) -> list[nn.Module]:
+            return [m for m in fsdp2_units_of(root, policy) if not isinstance(m, FSDPModule)]
+
+        with (
+            mock.patch.object(fsdp2_module, "FSDPModule", _Never),
+            mock.patch.object(fsdp2_module, "units_of", around_them),
+        ):
             result: nn.Module = super().setup_module(module)  # type: ignore[misc]
         return result
 

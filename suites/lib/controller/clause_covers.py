@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from hypothesis import example, settings
 
-from harness.clauses import CLAUSES
+from harness.clauses import CLAUSES, WORD_AXES
 from suites.lib.controller.covering import (
     CoverRow,
     candidates,
@@ -58,8 +58,16 @@ __all__ = [
 T = TypeVar("T", bound=Callable[..., Any])
 
 
+def _configuration_axes(scenario: Scenario) -> dict[str, tuple[str, ...]]:
+    """``scenario``'s axis values without the contract's words (:mod:`harness.clauses.words`):
+    the covers take the values of configurations, the candidates' models meet no word but the
+    plain one, and a check's own examples reach the others (an activation-checkpointing
+    policy, which an ``adapt`` may add, changes them)."""
+    return {axis: v for axis, v in scenario_axes(scenario).items() if axis not in WORD_AXES}
+
+
 def _in_scope(scenario: Scenario, scope: dict[str, tuple[str, ...]]) -> bool:
-    axes = scenario_axes(scenario)
+    axes = _configuration_axes(scenario)
     return all(set(axes[axis]) & set(allowed) for axis, allowed in scope.items() if axis in axes)
 
 
@@ -94,7 +102,7 @@ def value_cover(
     taken = [
         frozenset(
             (axis, value)
-            for axis, values in scenario_axes(s).items()
+            for axis, values in _configuration_axes(s).items()
             for value in values
             if axis not in scope or value in scope[axis]
         )
@@ -257,11 +265,11 @@ def covering_examples(
     values = []
     for s in mine:
         fitted = adapt(s)
-        if isinstance(fitted, Scenario) and scenario_axes(fitted) != scenario_axes(s):
+        if isinstance(fitted, Scenario) and _configuration_axes(fitted) != _configuration_axes(s):
             raise ValueError(
                 f"covering_examples({clause!r}): adapt changed the axes of a scenario from "
-                f"{scenario_axes(s)} to {scenario_axes(fitted)}; it may change only what "
-                "the axes do not name (plan, optimizer, activation checkpointing)"
+                f"{_configuration_axes(s)} to {_configuration_axes(fitted)}; it may change only "
+                "what the axes do not name (plan, optimizer, activation checkpointing)"
             )
         if isinstance(fitted, Scenario) and passes(fitted) != passes(s):
             raise ValueError(

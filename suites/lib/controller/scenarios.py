@@ -17,7 +17,13 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from suites.lib.shared.models import BLOCK_KINDS, BlockSpec, ModelSpec, build_model
+from suites.lib.shared.models import (
+    BLOCK_KINDS,
+    LOOKALIKE_KINDS,
+    BlockSpec,
+    ModelSpec,
+    build_model,
+)
 from suites.lib.shared.specs import (
     ACSpec,
     FSDP2Config,
@@ -229,6 +235,7 @@ def model_specs(
     root_param: bool | None = None,
     shared: bool | None = None,
     running_stats: bool | None = False,
+    lookalikes: bool | None = False,
 ) -> ModelSpec:
     """A small model tree.
 
@@ -250,10 +257,17 @@ def model_specs(
             derandomized ``ci`` examples, and the single-process emulations of
             ``tests/suites_lib/test_tolerance_fit.py`` (which update the statistics once per
             rank), as they were.
+        lookalikes: force or forbid, after the drawn blocks, a ``ScaledBlock`` (a subclass
+            of ``Block``) and a ``ForeignBlock`` (another module's class named ``Block``):
+            :data:`~suites.lib.shared.models.LOOKALIKE_KINDS`; None: either. Forbidden unless
+            asked, for the same reason: only the checks of WRAP-1, FSDP2-1 and AC-1, whose
+            "each instance of those classes" they test, draw them.
     """
     n_blocks = draw(st.integers(1, max_blocks))
     hidden = draw(st.integers(3, 8))
     kinds = _kinds(draw, n_blocks, nested, attention)
+    if draw(st.booleans()) if lookalikes is None else lookalikes:
+        kinds += LOOKALIKE_KINDS
     blocks = tuple(draw(_block_specs(k, hidden, ffn_multiple, heads_multiple)) for k in kinds)
     is_tied = draw(st.booleans()) if tied is None else tied
     vocab = draw(st.integers(3, 9)) if is_tied or draw(st.booleans()) else 0
@@ -303,8 +317,11 @@ def plain_blocks(spec: ModelSpec) -> ModelSpec:
 
 
 def _present_classes(spec: ModelSpec) -> list[str]:
+    """The classes of :data:`WRAP_CLASSES` a policy for ``spec`` may list: those the model
+    holds instances of, and ``Block`` beside a block of :data:`LOOKALIKE_KINDS` (its
+    subclass, or another class of its name that the policy must leave alone)."""
     kinds = {b.kind for b in spec.blocks}
-    if "NestedBlock" in kinds or spec.shared:
+    if kinds & {"NestedBlock", *LOOKALIKE_KINDS} or spec.shared:
         kinds.add("Block")
     if spec.scale:
         kinds.add("Scale")
@@ -516,6 +533,7 @@ def scenarios(
     root_param: bool | None = None,
     shared: bool | None = None,
     running_stats: bool | None = False,
+    lookalikes: bool | None = False,
 ) -> Scenario:
     """A whole scenario of ``family`` (``fsdp``, ``model_parallel`` or ``fsdp2``); keyword arguments
     restrict what is drawn (see the part strategies; ``attention=False`` keeps a long check
@@ -531,6 +549,7 @@ def scenarios(
         root_param=root_param,
         shared=shared,
         running_stats=running_stats,
+        lookalikes=lookalikes,
     )
     config: FSDPConfig | MPConfig | FSDP2Config
     if family == "model_parallel":

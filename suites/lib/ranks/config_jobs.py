@@ -179,7 +179,7 @@ def device_mesh_rank(
 
 
 def _policies() -> dict[str, Any]:
-    """Every accepted form of a policy that selects the zoo's Blocks, by name."""
+    """Every accepted form of a policy that selects the instances of the zoo's Block."""
     from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy
 
     from suites.lib.shared.specs import select_by_class

@@ -26,7 +26,11 @@ them.
 
 The module classes carry stable names (``Block``, ``NestedBlock``, ``Scale``, ...) because
 wrap and checkpointing policies select modules by class; scenarios refer to them by name
-and :func:`module_class` turns a name back into the class on the ranks.
+and :func:`module_class` turns a name back into the class on the ranks. Two block kinds test
+what "each instance of those classes" means (WRAP-1, FSDP2-1, AC-1; :data:`LOOKALIKE_KINDS`):
+:class:`ScaledBlock`, a subclass of ``Block`` that a policy listing ``Block`` selects, and
+``ForeignBlock``, a class also called ``Block`` from another module
+(:mod:`suites.lib.shared.lookalike`) that it does not.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from suites.lib.shared import lookalike
 from suites.lib.shared.attention import HEAD_DIM, HandAttention, MHAAttention, Rotary, SeededMHA
 from suites.lib.shared.layers import (
     BatchNorm,
@@ -55,6 +60,7 @@ __all__ = [
     "ATTENTION_KINDS",
     "BLOCK_KINDS",
     "HEAD_DIM",
+    "LOOKALIKE_KINDS",
     "MODULE_CLASSES",
     "AttentionBlock",
     "BatchNorm",
@@ -69,6 +75,7 @@ __all__ = [
     "NestedBlock",
     "Rotary",
     "Scale",
+    "ScaledBlock",
     "SeededMHA",
     "ZooModel",
     "build_model",
@@ -81,7 +88,12 @@ __all__ = [
 ]
 
 
+#: the block kinds the suites' models draw from
 BLOCK_KINDS = ("Block", "NestedBlock", "AttentionBlock")
+#: block kinds a policy of classes must tell apart from ``Block`` (WRAP-1, FSDP2-1, AC-1): a
+#: subclass of it (:class:`ScaledBlock`) and another module's class of the same name
+#: (:class:`suites.lib.shared.lookalike.Block`); only the checks of those clauses draw them
+LOOKALIKE_KINDS = ("ScaledBlock", "ForeignBlock")
 ATTENTION_KINDS = ("hand", "mha")
 
 
@@ -91,9 +103,10 @@ class BlockSpec:
 
     Args:
         kind: ``"Block"`` (norm -> fc1 -> gelu -> fc2, residual), ``"NestedBlock"`` (a
-            ``proj`` Linear followed by ``inner`` Blocks: nested wrap units) or
+            ``proj`` Linear followed by ``inner`` Blocks: nested wrap units),
             ``"AttentionBlock"`` (pre-norm attention over each sample's tokens, then a
-            pre-norm MLP, both residual).
+            pre-norm MLP, both residual), ``"ScaledBlock"`` (a Block subclass) or
+            ``"ForeignBlock"`` (another module's class named ``Block``; no norm).
         ffn: width of the MLP inside each Block (may be smaller than the world size).
         norm: whether each Block has a LayerNorm (an AttentionBlock: both of its norms).
         inner: number of inner Blocks of a NestedBlock (ignored for other kinds).
@@ -164,10 +177,10 @@ class ModelSpec:
         if self.hidden < 1 or self.out < 1:
             raise ValueError(f"ModelSpec needs hidden >= 1 and out >= 1, got {self}.")
         for block in self.blocks:
-            if block.kind not in BLOCK_KINDS:
+            if block.kind not in (*BLOCK_KINDS, *LOOKALIKE_KINDS):
                 raise ValueError(
                     f"BlockSpec.kind={block.kind!r} is not a zoo block; use one of "
-                    f"{', '.join(repr(k) for k in BLOCK_KINDS)}."
+                    f"{', '.join(repr(k) for k in (*BLOCK_KINDS, *LOOKALIKE_KINDS))}."
                 )
             if block.kind == "AttentionBlock":
                 self._check_attention(block)
@@ -196,6 +209,14 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+
+
+class ScaledBlock(Block):
+    """A :class:`Block` subclass that halves its residual branch: an instance of a subclass
+    of ``Block``, which a policy listing ``Block`` selects."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + 0.5 * self.fc2(F.gelu(self.fc1(self.norm(x))))
 
 
 class NestedBlock(nn.Module):
@@ -282,7 +303,10 @@ class ZooModel(Seeded, nn.Module):
             return NestedBlock(self.spec.hidden, spec, seed=self.spec.seed, name=name)
         if spec.kind == "AttentionBlock":
             return AttentionBlock(self.spec.hidden, spec, seed=self.spec.seed, name=name)
-        return Block(self.spec.hidden, spec.ffn, spec.norm, seed=self.spec.seed, name=name)
+        if spec.kind == "ForeignBlock":
+            return lookalike.Block(self.spec.hidden, spec.ffn, seed=self.spec.seed, name=name)
+        kind = ScaledBlock if spec.kind == "ScaledBlock" else Block
+        return kind(self.spec.hidden, spec.ffn, spec.norm, seed=self.spec.seed, name=name)
 
     def tie_weights(self) -> None:
         """Make ``head.weight`` the embedding's tensor (again, e.g. after ``to_empty``)."""
@@ -310,6 +334,7 @@ MODULE_CLASSES: dict[str, type[nn.Module]] = {
     cls.__name__: cls
     for cls in (
         Block,
+        ScaledBlock,
         NestedBlock,
         AttentionBlock,
         HandAttention,
@@ -327,7 +352,8 @@ MODULE_CLASSES: dict[str, type[nn.Module]] = {
 
 
 def module_class(name: str) -> type[nn.Module]:
-    """The zoo class called ``name`` (policies are described by class names)."""
+    """The zoo class called ``name`` (policies are described by class names; ``Block`` is
+    :class:`Block`, never :class:`suites.lib.shared.lookalike.Block`)."""
     try:
         return MODULE_CLASSES[name]
     except KeyError:

@@ -4,6 +4,19 @@ A scenario holds only data (names, numbers, tuples), never policy objects, class
 callables, so its repr is a reproducer and it crosses process boundaries by pickle. Each
 ``build()`` turns the data into the object a strategy takes (a wrap policy, an optimizer,
 a ``parallelize_fn``), on the rank that needs it.
+
+[Note: what a policy of classes selects] A spec names zoo classes; on the ranks
+:func:`~suites.lib.shared.models.module_class` resolves each name to the zoo's class object
+(``Block`` is the zoo's ``Block``, never :class:`suites.lib.shared.lookalike.Block`). WRAP-1,
+FSDP2-1 and AC-1 say that a policy of classes (``classes``, ``module_wrap_policy``) selects
+"each instance of those classes": ``isinstance``, so an instance of a subclass of a listed
+class is selected and a module of another class that merely shares a listed class's name is
+not. Those kinds' oracles (:meth:`WrapSpec.expected_units`, :meth:`ACSpec.expected_wrapped`)
+are the instances of the resolved classes. A callable policy decides for itself (the contract:
+"the modules the policy picks"), so the callables the specs build say what they pick: every
+instance of the resolved classes too (:func:`select_by_class`), and those kinds' oracles ask
+the built callable itself, module by module (``custom_policy``, ``module_fn``) or through
+FSDP1's recursion (``callable``, ``size``).
 """
 
 from __future__ import annotations
@@ -50,13 +63,17 @@ AC_KINDS = ("none", "classes", "module_wrap_policy", "callable")
 def select_by_class(
     module: nn.Module, recurse: bool, nonwrapped_numel: int, *, classes: tuple[str, ...]
 ) -> bool:
-    """A callable wrap policy (FSDP1's ``(module, recurse, nonwrapped_numel)`` form)."""
+    """A callable wrap policy (FSDP1's ``(module, recurse, nonwrapped_numel)`` form) that
+    picks every instance of the zoo classes named ``classes`` (see [Note: what a policy of
+    classes selects])."""
     del nonwrapped_numel
-    return True if recurse else type(module).__name__ in classes
+    return True if recurse else _lambda_by_class(module, classes=classes)
 
 
 def _lambda_by_class(module: nn.Module, *, classes: tuple[str, ...]) -> bool:
-    return type(module).__name__ in classes
+    """Whether ``module`` is an instance of a zoo class named in ``classes`` (a subclass's
+    instance too; another module's class of the same name not)."""
+    return isinstance(module, tuple(_classes(classes)))
 
 
 def _size_policy(
@@ -71,6 +88,12 @@ def _size_policy(
 
 def _classes(names: tuple[str, ...]) -> set[type[nn.Module]]:
     return {module_class(n) for n in names}
+
+
+def _instances(model: nn.Module, classes: tuple[str, ...]) -> set[str]:
+    """Qualified names of ``model``'s modules (the root left out) that are instances of the
+    zoo classes named ``classes``."""
+    return {n for n, m in model.named_modules() if n and _lambda_by_class(m, classes=classes)}
 
 
 def _simulate_recursive(module: nn.Module, policy: Any, prefix: str, out: set[str]) -> int:
@@ -125,9 +148,11 @@ class WrapSpec:
     Args:
         kind: ``none``; ``classes`` (a set of classes); ``module_wrap_policy`` /
             ``custom_policy`` (policy objects); ``size`` (size-based, ``min_num_params``);
-            ``callable`` (a ``(module, recurse, nonwrapped_numel)`` function by class name);
-            ``module_fn`` (a ``fn(module) -> bool`` by class name: FSDP2's form).
-        classes: zoo class names for the class-based kinds.
+            ``callable`` (a ``(module, recurse, nonwrapped_numel)`` function that picks the
+            instances of ``classes``); ``module_fn`` (a ``fn(module) -> bool`` that picks them:
+            FSDP2's form). See [Note: what a policy of classes selects].
+        classes: zoo class names for the class-based kinds (resolved by
+            :func:`~suites.lib.shared.models.module_class`).
         min_num_params: threshold of the size-based policy.
     """
 
@@ -140,18 +165,20 @@ class WrapSpec:
         return _build_policy("WrapSpec", WRAP_KINDS, self.kind, self.classes, self.min_num_params)
 
     def expected_units(self, model: nn.Module) -> set[str]:
-        """Qualified names of the modules that must be their own FSDP unit (root excluded)."""
+        """Qualified names of the modules that must be their own FSDP unit (root excluded):
+        for a policy of classes, every instance of them (WRAP-1, FSDP2-1); for a callable,
+        the modules it picks, through FSDP1's recursion for the ``(module, recurse,
+        nonwrapped_numel)`` form."""
         if self.kind == "none":
             return set()
         if self.kind in ("size", "callable"):
             out: set[str] = set()
             _simulate_recursive(model, self.build(), "", out)
             return out
-        return {
-            name
-            for name, mod in model.named_modules()
-            if name and type(mod).__name__ in self.classes
-        }
+        if self.kind in ("custom_policy", "module_fn"):  # the callable picks, module by module
+            pick = functools.partial(_lambda_by_class, classes=self.classes)
+            return {n for n, m in model.named_modules() if n and pick(m)}
+        return _instances(model, self.classes)
 
 
 @dataclass(frozen=True)
@@ -166,10 +193,19 @@ class ACSpec:
         return _build_policy("ACSpec", AC_KINDS, self.kind, self.classes)
 
     def expected_wrapped(self, model: nn.Module) -> set[str]:
-        """Qualified names of the modules that must be checkpoint-wrapped."""
+        """Qualified names of the modules that must be checkpoint-wrapped: those the policy
+        selects (every instance of the classes; for the ``callable`` kind those it picks
+        through FSDP1's recursion) but for one inside another selected module: AC-1 allows no
+        checkpoint wrapper inside another, so of nested selected modules only the outermost
+        is wrapped."""
         if self.kind == "none":
             return set()
-        return {n for n, m in model.named_modules() if n and type(m).__name__ in self.classes}
+        selected: set[str] = set()
+        if self.kind == "callable":
+            _simulate_recursive(model, self.build(), "", selected)
+        else:
+            selected = _instances(model, self.classes)
+        return {n for n in selected if not any(n.startswith(f"{o}.") for o in selected)}
 
 
 def _group_of(name: str, rule: str) -> int:

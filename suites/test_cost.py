@@ -1,11 +1,11 @@
-"""CONTRACT.md MEM-1 to MEM-3 and COMM-1 to COMM-5: what sharding is for.
+"""CONTRACT.md MEM-1 to MEM-4 and COMM-1 to COMM-5: what sharding is for.
 
 Each configuration of :data:`ROWS` (every family, its sharding layouts, world sizes 1 to 4,
 mixed precision; the ``ci`` profile keeps to :data:`CORE`) and each one drawn by
 :func:`cost_scenarios` runs one rank job (:func:`~suites.lib.ranks.cost_jobs.cost_rank`): a warm-up
 step, then one step measured with torch's ``MemTracker`` and ``CommDebugMode``, a full save
 and its load and, for the families whose sharded save keeps to each rank's shards, a sharded
-save and its load. The eight checks
+save and its load. The nine checks
 read the same measurement (kept for the session: one job per row, whichever check asks
 first) and hold it to the bounds :mod:`suites.lib.controller.cost` computes from the plain
 model and the configuration. The models are deep (eight blocks) and narrow-batched, so
@@ -26,6 +26,7 @@ from suites.lib.controller.cost_verdicts import (
     SHARDED_SAVES,
     assert_accumulation_collectives,
     assert_clip_collectives,
+    assert_full_load,
     assert_full_save,
     assert_held_at_rest,
     assert_save_collectives,
@@ -148,6 +149,12 @@ def test_a_full_save_goes_through_rank_0(scenario: Scenario) -> None:
     assert_full_save(scenario, *measure(scenario, cost_rank))
 
 
+@pytest.mark.clause("MEM-4")
+@_rows(SAVES)
+def test_a_full_load_holds_the_saved_state_once(scenario: Scenario) -> None:
+    assert_full_load(scenario, *measure(scenario, cost_rank))
+
+
 @pytest.mark.clause("COMM-4")
 @_rows(SAVES)
 def test_a_full_save_gathers_each_tensor_once(scenario: Scenario) -> None:
@@ -225,7 +232,9 @@ def cost_scenarios(draw: st.DrawFn) -> Scenario:
     return Scenario(world_size=world, model=model, strategy=config, optim=optim, plan=plan)
 
 
-@pytest.mark.clause("MEM-1", "MEM-2", "MEM-3", "COMM-1", "COMM-2", "COMM-3", "COMM-4", "COMM-5")
+@pytest.mark.clause(
+    "MEM-1", "MEM-2", "MEM-3", "MEM-4", "COMM-1", "COMM-2", "COMM-3", "COMM-4", "COMM-5"
+)
 @examples(5)
 @given(cost_scenarios())
 def test_drawn_configurations_cost_what_they_promise(scenario: Scenario) -> None:
@@ -234,6 +243,7 @@ def test_drawn_configurations_cost_what_they_promise(scenario: Scenario) -> None
     assert_step_peak(scenario, records, laws)
     if scenario.family in SAVES:
         assert_full_save(scenario, records, laws)
+        assert_full_load(scenario, records, laws)
         assert_save_collectives(scenario, records, laws)
     if scenario.family in SHARDED_SAVES:
         assert_sharded_collectives(scenario, records, laws)

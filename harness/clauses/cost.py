@@ -45,6 +45,16 @@ COST = Section(
             "may too, as FSDP1 counts `rank0_only` within the shard group); 5% tolerance.",
         ),
         Clause(
+            "MEM-4",
+            "A full load holds the saved state at most once: during `load_checkpoint` of a full "
+            "file, a rank holds at most twice its MEM-1 share (the shards it has and those it "
+            "cuts from the file before they replace them), the file's parameters and optimizer "
+            "state once (read or memory-mapped on the rank, or received from rank 0), and the "
+            "largest unit's full parameters and their optimizer state (one copy of the "
+            "parameters where nothing is sharded); 5% tolerance. What it holds once the load "
+            "returned is MEM-1's.",
+        ),
+        Clause(
             "COMM-1",
             "The synchronized micro-batch of a step (its forward and backward, outside "
             "`no_backward_sync`) issues the collectives its configuration implies and no more: "

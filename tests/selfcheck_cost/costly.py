@@ -29,6 +29,7 @@ from reference_impl.fsdp import FSDPStrategy
 
 __all__ = [
     "clips_on_full_gradients",
+    "gathers_before_a_full_load",
     "gathers_before_a_sharded_save",
     "gathers_full_state_on_every_rank",
     "gathers_the_state_twice",
@@ -129,6 +130,26 @@ class _GathersBeforeAShardedSave:
 def gathers_before_a_sharded_save(spec: StrategySpec) -> Any:
     """COMM-5: a sharded save all-gathers every parameter."""
     return _as(_reference(spec), _GathersBeforeAShardedSave)
+
+
+class _GathersBeforeAFullLoad:
+    """A full load first reads the gathered model state on every rank (to compare it with
+    the file) and drops it after the load: the loaded values are right; every rank held the
+    whole model beside the file."""
+
+    def load_checkpoint(self, path: Any, state: Any, *args: Any, **kwargs: Any) -> Any:
+        full = getattr(self, "state_dict_type", None) == "full" or not getattr(
+            self, "_save_distributed_checkpoint", True
+        )
+        before = read_model_state(state["model"], full=True, rank0_only=False) if full else {}
+        out = super().load_checkpoint(path, state, *args, **kwargs)  # type: ignore[misc]
+        before.clear()
+        return out
+
+
+def gathers_before_a_full_load(spec: StrategySpec) -> Any:
+    """MEM-4: a full load gathers the whole model on every rank beside the file."""
+    return _as(_reference(spec), _GathersBeforeAFullLoad)
 
 
 def gathers_full_state_on_every_rank(spec: StrategySpec) -> Any:

@@ -20,6 +20,7 @@ PLANTED = {
     "syncs_inside_no_backward_sync": ("COMM-3", ("reduce-scattered", "inside no_backward_sync")),
     "gathers_full_state_on_every_rank": ("MEM-3", ("during a full save_checkpoint", "allows")),
     "gathers_the_state_twice": ("COMM-4", ("during a full save_checkpoint", "each tensor once")),
+    "gathers_before_a_full_load": ("MEM-4", ("while a full load_checkpoint reads", "allows")),
     "gathers_before_a_sharded_save": ("COMM-5", ("a sharded save_checkpoint moved", "of state")),
     "regathers_after_the_step": ("MEM-1", ("of parameters after the step", "its share is")),
     "zero2_for_full_shard": ("COMM-1", ("units stayed gathered", "fsdp (FULL_SHARD")),

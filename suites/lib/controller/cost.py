@@ -168,6 +168,17 @@ class Law:
         full = self.params + self.optimizer if first else 0
         return int(TOLERANCE * (rest + unit + full))
 
+    def load_bound(self) -> int:
+        """MEM-4: the most a rank may hold during a full load: its share twice (the shards it
+        holds and those cut from the file before they replace them), the saved state once
+        (read or mapped where the rank is), and one largest unit's parameters and optimizer
+        state (one copy of the parameters where nothing is sharded)."""
+        rest = self.share("params") + self.share("optimizer")
+        unit = self.largest * (1 + max(1, round(self.optimizer / max(1, self.params))))
+        if self.shard == 1:
+            unit = self.params
+        return int(TOLERANCE * (2 * rest + self.params + self.optimizer + unit))
+
     def save_gather_ceiling(self, tp: int = 1) -> int:
         """COMM-4: the most a full save may all-gather: every parameter and optimizer state
         tensor once per mesh dimension it is sharded on (a tensor-parallel one is gathered

@@ -2,7 +2,7 @@
 its bounds.
 
 :func:`measure` runs the cost rank job of a configuration once per session and strategy (the
-eight checks of a configuration read the same measurement) and hands it to the report;
+nine checks of a configuration read the same measurement) and hands it to the report;
 each ``assert_*`` function holds every rank's record to one clause's bounds
 (:mod:`suites.lib.controller.cost`) and words a failure as a cost: ``CLAUSE: rank N,
 <configuration> at world size N: <who held or moved what> where <the bound>``.
@@ -29,6 +29,7 @@ __all__ = [
     "SHARDED_SAVES",
     "assert_accumulation_collectives",
     "assert_clip_collectives",
+    "assert_full_load",
     "assert_full_save",
     "assert_held_at_rest",
     "assert_save_collectives",
@@ -131,6 +132,20 @@ def assert_full_save(scenario: Scenario, records: list[CostRecord], laws: list[L
             f"peaks at {mib(peak)} during a full save_checkpoint where its configuration "
             f"allows {mib(bound)} (its share, {whole}one largest unit's parameters and "
             "optimizer state in flight)"
+        )
+
+
+def assert_full_load(scenario: Scenario, records: list[CostRecord], laws: list[Law]) -> None:
+    """MEM-4: a full load's peak: the share twice, the saved state once, one unit."""
+    __tracebackhide__ = True
+    for record, law in zip(records, laws, strict=True):
+        bound = law.load_bound()
+        peak = record.load_peak["total"]
+        assert peak <= bound, _at("MEM-4", record, scenario) + (
+            f"peaks at {mib(peak)} while a full load_checkpoint reads "
+            f"{mib(law.params + law.optimizer)} of saved state where its configuration allows "
+            f"{mib(bound)} (its share twice, the saved state once, one largest unit's "
+            "parameters and optimizer state)"
         )
 
 

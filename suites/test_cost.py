@@ -3,9 +3,8 @@
 Each configuration of :data:`ROWS` (every family, its sharding layouts, world sizes 1 to 4,
 mixed precision; the ``ci`` profile keeps to :data:`CORE`) and each one drawn by
 :func:`cost_scenarios` runs one rank job (:func:`~suites.lib.ranks.cost_jobs.cost_rank`): a warm-up
-step, then one step measured with torch's ``MemTracker`` and ``CommDebugMode``, a full save
-and its load and, for the families whose sharded save keeps to each rank's shards, a sharded
-save and its load. The nine checks
+step, then one step measured with torch's ``MemTracker`` and ``CommDebugMode``, and a save and
+its load, full or (for the rows of :data:`SHARDED`) sharded. The nine checks
 read the same measurement (kept for the session: one job per row, whichever check asks
 first) and hold it to the bounds :mod:`suites.lib.controller.cost` computes from the plain
 model and the configuration. The models are deep (eight blocks) and narrow-batched, so
@@ -21,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.plugin import PROFILE_EXAMPLES
+from suites.lib.controller.cost import Law
 from suites.lib.controller.cost_verdicts import (
-    SAVES,
     SHARDED_SAVES,
     assert_accumulation_collectives,
     assert_clip_collectives,
@@ -37,6 +36,7 @@ from suites.lib.controller.cost_verdicts import (
 )
 from suites.lib.controller.scenarios import examples, meshes, world_sizes
 from suites.lib.ranks.cost_jobs import cost_rank
+from suites.lib.shared.cost_record import CostRecord
 from suites.lib.shared.models import BlockSpec, ModelSpec
 from suites.lib.shared.specs import (
     FSDP2Config,
@@ -104,6 +104,28 @@ MORE: tuple[Scenario, ...] = (
     _row(2, _mp(2, 1, "bf16-mixed")),
 )
 ROWS = CORE + (MORE if settings().max_examples > PROFILE_EXAMPLES["ci"] else ())
+#: the configurations whose save and load are measured in the sharded format (COMM-5's rows;
+#: the others save a full checkpoint, MEM-3's, MEM-4's and COMM-4's rows): one save and load
+#: per configuration keeps the cost checks' share of the ci time down
+SHARDED: frozenset[Scenario] = frozenset(
+    {
+        _row(2, _fsdp2()),
+        _row(4, _fsdp2(mesh=(2, 2))),
+        _row(2, _mp(2, 1)),
+        _row(4, _mp(4, 1)),
+        _row(4, _fsdp2(False)),
+        _row(2, _fsdp2(precision="bf16-mixed")),
+        _row(2, _mp(2, 1, "bf16-mixed")),
+    }
+)
+
+
+def _format(scenario: Scenario) -> str:
+    return "sharded" if scenario in SHARDED else "full"
+
+
+def _measured(scenario: Scenario) -> tuple[list[CostRecord], list[Law]]:
+    return measure(scenario, cost_rank, _format(scenario))
 
 
 def _id(scenario: Scenario) -> str:
@@ -123,48 +145,46 @@ def _id(scenario: Scenario) -> str:
     )
 
 
-def _rows(families: tuple[str, ...] = ("fsdp", "fsdp2", "model_parallel")) -> Any:
-    return pytest.mark.parametrize(
-        "scenario",
-        [r for r in ROWS if r.family in families],
-        ids=[_id(r) for r in ROWS if r.family in families],
-    )
+def _rows(fmt: str | None = None) -> Any:
+    """Every row, or those whose save and load are measured in format ``fmt``."""
+    rows = [r for r in ROWS if fmt is None or _format(r) == fmt]
+    return pytest.mark.parametrize("scenario", rows, ids=[_id(r) for r in rows])
 
 
 @pytest.mark.clause("MEM-1")
 @_rows()
 def test_each_rank_holds_its_share_at_rest(scenario: Scenario) -> None:
-    assert_held_at_rest(scenario, *measure(scenario, cost_rank))
+    assert_held_at_rest(scenario, *_measured(scenario))
 
 
 @pytest.mark.clause("MEM-2")
 @_rows()
 def test_a_step_peaks_within_its_share_and_what_is_in_flight(scenario: Scenario) -> None:
-    assert_step_peak(scenario, *measure(scenario, cost_rank))
+    assert_step_peak(scenario, *_measured(scenario))
 
 
 @pytest.mark.clause("MEM-3")
-@_rows(SAVES)
+@_rows("full")
 def test_a_full_save_goes_through_rank_0(scenario: Scenario) -> None:
-    assert_full_save(scenario, *measure(scenario, cost_rank))
+    assert_full_save(scenario, *_measured(scenario))
 
 
 @pytest.mark.clause("MEM-4")
-@_rows(SAVES)
+@_rows("full")
 def test_a_full_load_holds_the_saved_state_once(scenario: Scenario) -> None:
-    assert_full_load(scenario, *measure(scenario, cost_rank))
+    assert_full_load(scenario, *_measured(scenario))
 
 
 @pytest.mark.clause("COMM-4")
-@_rows(SAVES)
+@_rows("full")
 def test_a_full_save_gathers_each_tensor_once(scenario: Scenario) -> None:
-    assert_save_collectives(scenario, *measure(scenario, cost_rank))
+    assert_save_collectives(scenario, *_measured(scenario))
 
 
 @pytest.mark.clause("COMM-5")
-@_rows(SHARDED_SAVES)
+@_rows("sharded")
 def test_a_sharded_save_and_load_move_no_state(scenario: Scenario) -> None:
-    assert_sharded_collectives(scenario, *measure(scenario, cost_rank))
+    assert_sharded_collectives(scenario, *_measured(scenario))
 
 
 @pytest.mark.clause("COMM-1")
@@ -172,25 +192,26 @@ def test_a_sharded_save_and_load_move_no_state(scenario: Scenario) -> None:
 def test_a_synchronized_micro_batch_issues_its_configurations_collectives(
     scenario: Scenario,
 ) -> None:
-    assert_synchronized_collectives(scenario, *measure(scenario, cost_rank))
+    assert_synchronized_collectives(scenario, *_measured(scenario))
 
 
 @pytest.mark.clause("COMM-2")
 @_rows()
 def test_clipping_reduces_norms_not_gradients(scenario: Scenario) -> None:
-    assert_clip_collectives(scenario, *measure(scenario, cost_rank))
+    assert_clip_collectives(scenario, *_measured(scenario))
 
 
 @pytest.mark.clause("COMM-3")
 @_rows()
 def test_no_backward_sync_moves_no_gradient(scenario: Scenario) -> None:
-    assert_accumulation_collectives(scenario, *measure(scenario, cost_rank))
+    assert_accumulation_collectives(scenario, *_measured(scenario))
 
 
 @st.composite
-def cost_scenarios(draw: st.DrawFn) -> Scenario:
+def cost_scenarios(draw: st.DrawFn) -> tuple[Scenario, str]:
     """A configuration of any family, world size, precision, depth, width, batch,
-    accumulation, clipping and optimizer (the rows above are fixed; these are drawn)."""
+    accumulation, clipping and optimizer, and the checkpoint format its save and load are
+    measured in (the rows above are fixed; these are drawn)."""
     world = draw(world_sizes(min_size=1))
     family = draw(st.sampled_from(("fsdp", "fsdp2", "model_parallel")))
     config: StrategyConfig
@@ -229,23 +250,26 @@ def cost_scenarios(draw: st.DrawFn) -> Scenario:
         clip=draw(st.sampled_from((None, 1.0))),
     )
     optim = draw(st.sampled_from((ADAM, OptimSpec(kind="sgd", lr=0.01))))
-    return Scenario(world_size=world, model=model, strategy=config, optim=optim, plan=plan)
+    scenario = Scenario(world_size=world, model=model, strategy=config, optim=optim, plan=plan)
+    formats = ("full", "sharded") if family in SHARDED_SAVES else ("full",)
+    return scenario, draw(st.sampled_from(formats))
 
 
 @pytest.mark.clause(
     "MEM-1", "MEM-2", "MEM-3", "MEM-4", "COMM-1", "COMM-2", "COMM-3", "COMM-4", "COMM-5"
 )
 @examples(5)
-@given(cost_scenarios())
-def test_drawn_configurations_cost_what_they_promise(scenario: Scenario) -> None:
-    records, laws = measure(scenario, cost_rank)
+@given(drawn=cost_scenarios())
+def test_drawn_configurations_cost_what_they_promise(drawn: tuple[Scenario, str]) -> None:
+    scenario, fmt = drawn
+    records, laws = measure(scenario, cost_rank, fmt)
     assert_held_at_rest(scenario, records, laws)
     assert_step_peak(scenario, records, laws)
-    if scenario.family in SAVES:
+    if fmt == "full":
         assert_full_save(scenario, records, laws)
         assert_full_load(scenario, records, laws)
         assert_save_collectives(scenario, records, laws)
-    if scenario.family in SHARDED_SAVES:
+    else:
         assert_sharded_collectives(scenario, records, laws)
     assert_synchronized_collectives(scenario, records, laws)
     assert_clip_collectives(scenario, records, laws)

@@ -51,7 +51,8 @@ COST = Section(
             "cuts from the file before they replace them), the file's parameters and optimizer "
             "state once (read or memory-mapped on the rank, or received from rank 0), and the "
             "largest unit's full parameters and their optimizer state (one copy of the "
-            "parameters where nothing is sharded); 5% tolerance. What it holds once the load "
+            "parameters where nothing is sharded); the shares carry the padding allowance, no "
+            "further tolerance. What it holds once the load "
             "returned is MEM-1's.",
         ),
         Clause(

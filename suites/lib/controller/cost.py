@@ -177,7 +177,7 @@ class Law:
         unit = self.largest * (1 + max(1, round(self.optimizer / max(1, self.params))))
         if self.shard == 1:
             unit = self.params
-        return int(TOLERANCE * (2 * rest + self.params + self.optimizer + unit))
+        return 2 * rest + self.params + self.optimizer + unit  # padding is in the shares
 
     def save_gather_ceiling(self, tp: int = 1) -> int:
         """COMM-4: the most a full save may all-gather: every parameter and optimizer state

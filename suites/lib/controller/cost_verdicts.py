@@ -39,7 +39,7 @@ __all__ = [
     "measure",
 ]
 
-#: the families whose full save and load MEM-3 and COMM-4 measure (every family)
+#: the families whose save and load the cost checks measure (every family)
 SAVES = ("fsdp", "fsdp2", "model_parallel")
 #: the families whose sharded save and load COMM-5 measures (see its scope in CONTRACT.md)
 SHARDED_SAVES = ("fsdp2", "model_parallel")
@@ -48,11 +48,12 @@ _measured: dict[tuple[str, Scenario], list[CostRecord]] = {}
 
 
 def measure(
-    scenario: Scenario, job: Callable[..., CostRecord]
+    scenario: Scenario, job: Callable[..., CostRecord], fmt: str = "full"
 ) -> tuple[list[CostRecord], list[Law]]:
     """Every rank's record of ``scenario`` by the rank ``job`` (the suite's cost job; one
-    rank job per configuration and strategy in a session) and each rank's bounds; a world
-    size this run cannot hold reads ``environment``."""
+    rank job per configuration and strategy in a session), its save and load in checkpoint
+    format ``fmt`` (``full`` or ``sharded``, the same for every check of ``scenario``), and
+    each rank's bounds; a world size this run cannot hold reads ``environment``."""
     __tracebackhide__ = True
     reason = unavailable_reason(scenario.world_size)
     if reason is not None:
@@ -68,8 +69,7 @@ def measure(
     if key not in _measured:
         with tempfile.TemporaryDirectory(dir=session.config.shared_dir) as directory:
             save_to = directory if scenario.family in SAVES else None
-            sharded = scenario.family in SHARDED_SAVES
-            records = run(job, scenario, save_to, sharded, world_size=scenario.world_size)
+            records = run(job, scenario, save_to, fmt, world_size=scenario.world_size)
         _measured[key] = records
         session.note_cost(
             {

@@ -2,8 +2,8 @@
 
 :func:`cost_rank` builds the scenario's strategy, model and optimizer, runs one warm-up step
 (lazy initialization, the optimizer's state created), then one measured step and, when asked,
-a full save and its load, then a sharded save and its load by a strategy of the sharded format,
-under torch's instruments (:mod:`suites.lib.ranks.cost_meters`). It also measures
+a save (full or sharded: the strategy is built with that format) and its load, under torch's
+instruments (:mod:`suites.lib.ranks.cost_meters`). It also measures
 the plain model of the same scenario on this rank (its parameters, gradients, optimizer state
 and the peak of one micro-batch's activations), the yardstick every bound is computed from.
 The controller turns the record into the clauses' bounds (:mod:`suites.lib.controller.cost`).
@@ -88,47 +88,30 @@ def _finish(t: Trained, scenario: Scenario, meter: CommMeter) -> None:
     t.optimizer.zero_grad()
 
 
-def _full_round_trip(t: Trained, record: CostRecord, directory: str) -> None:
-    """Measure a full save of the trained state and its load back into the same objects."""
+def _round_trip(t: Trained, record: CostRecord, directory: str, fmt: str) -> None:
+    """Measure a save of the trained state in ``fmt`` and its load back into the same
+    objects: a full one's peaks and state-carrying collectives, a sharded one's collectives
+    (all of them, and those that carry state); then what the model and optimizer hold."""
     state = {"model": t.model, "optimizer": t.optimizer}
-    path = os.path.join(directory, "ckpt.pt")
-    save = CommMeter()
-    with PeakMeter(t.model, t.optimizer) as meter, save, save.phase("save"):
+    path = os.path.join(directory, "ckpt.pt" if fmt == "full" else "sharded")
+    save, load = CommMeter(), CommMeter()
+    with PeakMeter(t.model, t.optimizer) as save_peak, save, save.phase("save"):
         t.strategy.save_checkpoint(path, state)
-    record.save_peak = meter.peak
-    record.save_comm = save.summary(state_only=True).get("save", {})
-    load = CommMeter()
-    with PeakMeter(t.model, t.optimizer) as meter, load, load.phase("load"):
+    with PeakMeter(t.model, t.optimizer) as load_peak, load, load.phase("load"):
         t.strategy.load_checkpoint(path, state)
-    record.load_peak = meter.peak
-    record.load_comm = load.summary(state_only=True).get("load", {})
     record.rest["after a load"] = held(t.model, t.optimizer)
+    if fmt == "full":
+        record.save_peak, record.load_peak = save_peak.peak, load_peak.peak
+        record.save_comm = save.summary(state_only=True).get("save", {})
+        record.load_comm = load.summary(state_only=True).get("load", {})
+        return
+    record.sharded_comm = {**save.summary(), **load.summary()}
+    record.sharded_state = {**save.summary(state_only=True), **load.summary(state_only=True)}
 
 
-def _sharded_round_trip(
-    ctx: RankContext, scenario: Scenario, record: CostRecord, dp_rank: int, directory: str
-) -> None:
-    """Measure the collectives of a sharded save and its load at this world size, by a
-    strategy of the sharded format after one step (the optimizer's state created)."""
-    t = setup(ctx, scenario, **format_options(scenario.family, "sharded"))
-    _step(t, scenario, 0, dp_rank, CommMeter())
-    _finish(t, scenario, CommMeter())
-    state = {"model": t.model, "optimizer": t.optimizer}
-    path = os.path.join(directory, "sharded")
-    meter = CommMeter()
-    with meter:
-        with meter.phase("save"):
-            t.strategy.save_checkpoint(path, state)
-        with meter.phase("load"):
-            t.strategy.load_checkpoint(path, state)
-    record.sharded_comm = meter.summary()
-    record.sharded_state = meter.summary(state_only=True)
-    end(t.strategy)
-
-
-@passes(lambda scenario, save_to=None, sharded=False: plan_arguments(scenario))
+@passes(lambda scenario, save_to=None, fmt="full": plan_arguments(scenario))
 def cost_rank(
-    ctx: RankContext, scenario: Scenario, save_to: str | None = None, sharded: bool = False
+    ctx: RankContext, scenario: Scenario, save_to: str | None = None, fmt: str = "full"
 ) -> CostRecord:
     """Rank job: measure one scenario's memory and collectives (see the module docstring).
 
@@ -136,12 +119,12 @@ def cost_rank(
         ctx: the harness ``RankContext``.
         scenario: the scenario; its plan's micro-batches, clip and precision are used, its
             step count is not (one warm-up step, one measured).
-        save_to: a directory: after the measured step, save a full checkpoint there
-            (``state_dict_type="full"`` / ``save_distributed_checkpoint=False``) and load it
-            back, measuring both.
-        sharded: with ``save_to``, then measure a sharded save and its load there too.
+        save_to: a directory: after the measured step, save a checkpoint of format ``fmt``
+            there (the strategy is built with that format's option) and load it back,
+            measuring both.
+        fmt: ``full`` or ``sharded``.
     """
-    overrides = format_options(scenario.family, "full") if save_to else {}
+    overrides = format_options(scenario.family, fmt) if save_to else {}
     t = setup(ctx, scenario, **overrides)
     dp_rank = t.strategy.distributed_sampler_kwargs["rank"]
     record = CostRecord(rank=ctx.rank, plain=_plain(scenario, dp_rank))
@@ -158,8 +141,6 @@ def cost_rank(
     record.comm = comm.summary()
     record.rest["after the step"] = held(t.model, t.optimizer)
     if save_to:
-        _full_round_trip(t, record, save_to)
+        _round_trip(t, record, save_to, fmt)
     end(t.strategy)
-    if save_to and sharded:
-        _sharded_round_trip(ctx, scenario, record, dp_rank, save_to)
     return record

@@ -29,16 +29,16 @@ class CostRecord:
         comm: the measured step's collectives: ``{phase: {kind: [bytes, ...]}}``, phases
             ``accumulate`` (micro-batches inside ``no_backward_sync``), ``step`` (the last
             micro-batch's forward and backward), ``clip``, ``optimizer step``.
-        save_peak: rank's peak during a full save, by category (empty when none was asked).
+        save_peak: rank's peak during a full save, by category (empty when the
+            configuration saved in the sharded format, or not at all).
         save_comm: the full save's collectives that carry state (floating-point tensors, not
             the metadata's object gathers), ``{kind: [bytes, ...]}``.
         load_peak: rank's peak while loading that full checkpoint back (the model and
             optimizer of the save), by category; ``rest["after a load"]`` is what they hold
             once it returned.
         load_comm: the full load's collectives that carry state, ``{kind: [bytes, ...]}``.
-        sharded_comm: a sharded save's and a sharded load's collectives at the same world
-            size (a strategy of the sharded format, after one step): ``{"save"|"load": {kind:
-            [bytes, ...]}}``.
+        sharded_comm: a sharded save's and its load's collectives, when the configuration
+            was measured with the sharded format: ``{"save"|"load": {kind: [bytes, ...]}}``.
         sharded_state: those of them that carry state (floating-point tensors), not
             metadata, in the same form.
     """

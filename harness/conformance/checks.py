@@ -36,9 +36,11 @@ __all__ = [
 
 _MAX_SUMMARY = 4000
 #: Hypothesis errors that mean the suite itself is broken (an Unsatisfiable that is not made of
-#: recorded Unsupported examples: the suite's own filters rejected everything).
+#: recorded Unsupported examples: the suite's own filters rejected everything); a
+#: ``--reproduce-failure`` that showed no failure (nothing the strategy did)
 _SUITE_ERRORS = re.compile(
     r"^(hypothesis\.errors\.)?(FailedHealthCheck|InvalidArgument|Unsatisfiable)\b"
+    r"|^(harness\.conformance\.replay\.)?NothingReplayed\b"
 )
 _XPASS_STRICT = "[XPASS(strict)]"
 #: failures that are verdicts of their own kind: the exception names the outcome

@@ -42,7 +42,7 @@ __all__ = [
 OutcomeKind = Literal["ok", "raised", "crashed", "hung"]
 #: how the ``detail`` of a rank cut off by its test's time budget begins (see
 #: :mod:`harness.run.budget`): the hang verdict then says so in its first line
-BUDGET_DETAIL = "still inside the job when the test's time ran out"
+BUDGET_DETAIL = "still running when the test's time ran out"
 _TAIL_LINES = 20
 
 

@@ -37,7 +37,13 @@ from harness.pool.transport import Bound, PoolSettings, RanksUnreachable, StackD
 from harness.pool.usage import PoolUsage
 from harness.rank.runner import pg_timeout_for
 from harness.verdicts.collectives import waiting_collective
-from harness.verdicts.outcomes import Outcome, format_story, outcome_from_reply, tidy_stacks
+from harness.verdicts.outcomes import (
+    STUCK_DETAIL,
+    Outcome,
+    format_story,
+    outcome_from_reply,
+    tidy_stacks,
+)
 from harness.wire.protocol import Command, Job, Kind
 
 __all__ = [
@@ -352,7 +358,7 @@ class RankPool:
                 continue
             if probe is not None and now >= probe.next_at:
                 if self._stalled(probe, token, pending):
-                    why = f"stuck in a collective: no progress in {probe.every:.0f} s"
+                    why = f"{STUCK_DETAIL}: no progress in {probe.every:.0f} s"
                     break
                 continue
             wake = cutoff - WINDOW if patient and before is None else cutoff

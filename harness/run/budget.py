@@ -19,11 +19,13 @@ the report) for its verdict, and bounds every job by the rest:
 - a job still running when the budget ends is cut off there (the pool's final cutoff): its
   ranks still inside are ``hung`` with every rank's stack, the detail saying the test's time
   ran out, and the verdict (:func:`harness.verdicts.failures.failure_for`) names the hang;
-- a job is replayed with collective checking only when the budget still holds its deadline;
+- a job that hung is replayed with collective checking while the budget lasts; a replay cut
+  off by it that names no desync leaves the first run's outcomes as the verdict's;
 - a failure that ends past the budget ends Hypothesis' search after the running example, and
   once the budget is spent every later job of the test (Hypothesis' replay of the failing
   example) raises the test's last failure again at once, from the same line, without
-  running: the verdict;
+  running: the verdict. So does a job (or a start of the ranks) that ends past the budget in
+  a test that failed before: the budget cut it off, which says nothing of its own;
 - a job the budget leaves no time for, in a test with no failure yet, is not sent:
   :class:`TestTimeSpent`.
 """

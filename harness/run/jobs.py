@@ -55,20 +55,33 @@ def run_on_ranks(
     if deadline is None:
         deadline = session.deadlines.deadline(check, str(ref))
     blob = _pickle_args(args)
-    budget = session.budget
-    if budget is not None and budget.spent() and budget.verdict is not None:
-        failure = budget.again()  # the test's time is spent: its verdict, not another job
-    else:
+    failure = _standing_verdict(session)  # the test's time is spent: not another job
+    if failure is None:
         try:
             outcomes, what = _dispatch(session, ref, blob, deadline, size, check)
-        except PoolStartError as exc:  # the ranks could not start: the test's verdict so far
-            if budget is not None:
-                budget.verdict = exc
-            raise
-        if all(o.ok for o in outcomes):
-            return [o.value for o in outcomes]
-        failure = _verdict(session, outcomes, what)
+        except PoolStartError as exc:
+            failure = _standing_verdict(session)  # a start the test's time cut off
+            if failure is None:
+                if session.budget is not None:
+                    session.budget.verdict = exc  # the ranks could not start: the verdict
+                raise
+        else:
+            if all(o.ok for o in outcomes):
+                return [o.value for o in outcomes]
+            failure = _standing_verdict(session) or _verdict(session, outcomes, what)
     raise failure
+
+
+def _standing_verdict(session: HarnessSession) -> RankFailure | PoolStartError | None:
+    """Once the test's time is spent, the failure it had before, raised again: a job (or a
+    start of the ranks) that the spent budget cut off says nothing of its own, and Hypothesis'
+    replay of a failing example must end as the example did (see [Note: the test's time
+    budget] in :mod:`harness.run.budget`); ``None`` while time is left or nothing failed."""
+    budget = session.budget
+    if budget is None or budget.verdict is None or not budget.spent():
+        return None
+    stop_after_this_example()  # no new example: Hypothesis reports this one
+    return budget.again()
 
 
 def _dispatch(
@@ -92,21 +105,48 @@ def _dispatch(
     checked = _use_checking(session, pool, check)
     outcomes, what = _run_job(session, pool, ref, blob, deadline, size)
     if not checked and _worth_replaying(outcomes) and pool.can_check:
-        if budget is None or budget.left() >= deadline:
-            session.checked_check = check  # the replay and the rest of this check run checked
-            _use_checking(session, pool, check)
-            outcomes, what = _run_job(session, pool, ref, blob, deadline, size)
-            what += " (replayed with collective checking)"
-        else:
-            what += (
-                f" (not replayed with collective checking: {max(budget.left(), 0.0):.1f} s of "
-                f"the test's time left, under the job's deadline of {deadline:.1f} s)"
-            )
+        session.checked_check = check  # the replay and the rest of this check run checked
+        outcomes, what = _replay_checked(session, pool, (ref, blob, deadline, size), outcomes, what)
     session.deadlines.learn(check, str(ref), outcomes)
     if all(isinstance(o.exception, Unsupported) for o in outcomes):
         raise outcomes[0].exception  # type: ignore[misc]  # refused: no example ran
     session.job_ran()  # passed or failed, the example ran
     return outcomes, what
+
+
+def _replay_checked(
+    session: HarnessSession,
+    pool: RankPool,
+    job: tuple[FnRef, bytes, float, int],
+    outcomes: list[Outcome],
+    what: str,
+) -> tuple[list[Outcome], str]:
+    """Replay a job that hung or broke a collective with collective checking; return the
+    outcomes to judge. Under a test's time budget the replay is cut off with the rest, and
+    one that ran out of the test's time (or could not start the checked ranks in it) and
+    named no desync tells less than the first run: that one's outcomes are kept."""
+    budget = session.budget
+    if budget is not None and budget.spent():
+        return outcomes, f"{what} (not replayed with collective checking: the test's time is spent)"
+    pool.set_checking(True)  # the ranks start again, checked
+    try:
+        replayed, again = _run_job(session, pool, *job)
+    except PoolStartError:
+        if budget is None or not budget.spent():
+            raise
+        return (
+            outcomes,
+            f"{what} (its replay with collective checking could not start the ranks before "
+            "the test's time ran out)",
+        )
+    if budget is not None and budget.spent() and not _desync(replayed):
+        return outcomes, f"{what} (its replay with collective checking ran out of the test's time)"
+    return replayed, f"{again} (replayed with collective checking)"
+
+
+def _desync(outcomes: Sequence[Outcome]) -> bool:
+    """Whether a rank raised on a mismatch of collectives (``failure_for``'s desync)."""
+    return any(o.kind == "raised" and o.collective is not None for o in outcomes)
 
 
 def _verdict(session: HarnessSession, outcomes: list[Outcome], what: str) -> RankFailure:

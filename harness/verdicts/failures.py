@@ -25,7 +25,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from harness.verdicts.outcomes import BUDGET_DETAIL, Outcome, RankFailure, format_story
+from harness.verdicts.outcomes import (
+    BUDGET_DETAIL,
+    STUCK_DETAIL,
+    Outcome,
+    RankFailure,
+    format_story,
+)
 
 __all__ = ["CollectiveDesync", "CollectiveHang", "failure_for", "signature"]
 
@@ -65,7 +71,7 @@ def _hang_lines(outcomes: Sequence[Outcome]) -> list[str]:
     elif gave_up:
         ranks = ", ".join(str(o.rank) for o in gave_up)
         head = f"hang: rank(s) {ranks} gave up waiting for the others, who still wait in the job"
-    elif hung[0].detail.startswith(BUDGET_DETAIL):
+    elif hung[0].detail.startswith((BUDGET_DETAIL, STUCK_DETAIL)):
         head = f"hang: every rank was {hung[0].detail}"
     else:
         head = "hang: every rank was still inside the job at its deadline"

@@ -69,11 +69,14 @@ def test_a_crash_among_hangs_stays_the_crash() -> None:
     assert attribute(failure).kind == "crashed"
 
 
-def test_every_rank_cut_off_by_the_tests_time_says_so_first() -> None:
+def test_every_rank_cut_off_by_the_tests_time_or_stuck_says_so_first() -> None:
     detail = f"{BUDGET_DETAIL} (27.0 s into the test, of pytest-timeout's 30 s)"
     failure = failure_for([_hung(0, detail), _hung(1, detail)], "job 3: load_rank at world size 2")
     assert isinstance(failure, CollectiveHang)
     first = str(failure).splitlines()[0]
     assert first == f"hang: every rank was {detail}"
+    stuck = "stuck in a collective: no progress in 2 s"
+    failure = failure_for([_hung(0, stuck), _hung(1, stuck)], "job 5: load_rank at world size 2")
+    assert str(failure).splitlines()[0] == f"hang: every rank was {stuck}"
     plain = failure_for([_hung(0, "still running at the deadline (30.0 s)"), _hung(1)], "job 4")
     assert str(plain).splitlines()[0] == "hang: every rank was still inside the job at its deadline"

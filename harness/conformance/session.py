@@ -30,6 +30,7 @@ from harness.conformance.examples import item_parameters
 from harness.conformance.findings import Finding
 from harness.conformance.progress import Progress, terminal_writer
 from harness.conformance.replay import not_reproduced, replayed_nothing
+from harness.conformance.several import verdict_of_several
 from harness.conformance.signatures import is_failure
 from harness.conformance.strict import StrictVerdict, add_to_junit, strict_verdict
 from harness.conformance.summary import summary_wanted, write_summary
@@ -220,6 +221,7 @@ class ConformancePlugin:
                 several = describe(exc, check.clauses)
                 if several is not None:
                     check.distinct, check.distinct_notes = several.listing, several.notes
+                    check.several_verdict = verdict_of_several(exc)
             raise
         finally:
             if inner is not None:

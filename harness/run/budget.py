@@ -7,8 +7,11 @@ job that hangs is cut off at its deadline (30 s for a check's first), replayed w
 collective checking, and Hypothesis runs the failing example once more at the end, each time
 after a heal of the ranks; on a busy machine each cutoff moves on while the ranks still use
 CPU, up to ``--rank-timeout`` (120 s). A few of those add up past pytest-timeout's 300 s,
-whose ``Timeout`` then ends the test with no rank's story at all: the finding of a strategy
-with a broken full save read ``Timeout (>300.0s) from pytest-timeout``.
+whose ``Timeout`` then tells no rank's story at all: the finding of a strategy with a broken
+full save read ``Timeout (>300.0s) from pytest-timeout``. Nor does it end a Hypothesis test:
+its signal raises pytest's ``Failed`` inside the test, which Hypothesis takes for one
+example's failure, and the search goes on (CKPT-RT-6 with a barrier on rank 0 only, under a
+20 s limit: 48.7 s, read ``failed``; with this budget, ``hang`` at 15.2 s).
 
 So a test with a pytest-timeout limit ``T`` (its ``timeout`` mark, ``--timeout``,
 ``PYTEST_TIMEOUT`` or the ``timeout`` ini value, as pytest-timeout reads them) has a

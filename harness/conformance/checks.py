@@ -36,9 +36,11 @@ __all__ = [
 
 _MAX_SUMMARY = 4000
 #: Hypothesis errors that mean the suite itself is broken (an Unsatisfiable that is not made of
-#: recorded Unsupported examples: the suite's own filters rejected everything).
+#: recorded Unsupported examples: the suite's own filters rejected everything); a
+#: ``--reproduce-failure`` that showed no failure (nothing the strategy did)
 _SUITE_ERRORS = re.compile(
     r"^(hypothesis\.errors\.)?(FailedHealthCheck|InvalidArgument|Unsatisfiable)\b"
+    r"|^(harness\.conformance\.replay\.)?NothingReplayed\b"
 )
 _XPASS_STRICT = "[XPASS(strict)]"
 #: failures that are verdicts of their own kind: the exception names the outcome
@@ -89,6 +91,8 @@ class Check:
     # notes (failing example, @reproduce_failure); "" for a single failure
     distinct: str = ""
     distinct_notes: str = ""
+    # the verdict of its own kind those failures read (:mod:`.several`), or ""
+    several_verdict: str = ""
 
     def record_unsupported(self, description: str) -> None:
         """Remember one ``unsupported: ...`` description (each distinct one once)."""
@@ -110,6 +114,8 @@ class Check:
         A failure attributed to a clause the check does not declare makes it ``blocked``;
         Hypothesis' several distinct failures are each listed (:attr:`distinct`).
         """
+        if outcome == "failed" and self.several_verdict:
+            outcome = self.several_verdict  # several failures, one a desync or hang
         if self.distinct and outcome in ("failed", "blocked", "desync", "hang"):
             message = self.distinct if message is None else _with_listing(message, self.distinct)
             text = f"{self.distinct_notes}\n{text}"  # the finding's example and replay: the first's

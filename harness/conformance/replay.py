@@ -11,6 +11,12 @@ class it may build on the spot, and Hypothesis reads the instruction from that c
 it onto the ``@given`` test it builds for each run). So for a test that is not ``@given`` the
 instruction goes on ``RuleBasedStateMachine`` itself, which every machine class inherits it
 from, until the run ends.
+
+A replay that shows no failure says so (:class:`NothingReplayed`, the check's outcome
+``error``: no finding is made of it): the selected test passed, so no example of it read the
+blob (a plain test that runs no state machine; Hypothesis raises ``DidNotReproduce`` for
+any test that did read it), or the example ran and did not fail (Hypothesis'
+``DidNotReproduce``: the bug is gone, or the blob no longer fits the test's draws).
 """
 
 from __future__ import annotations
@@ -22,13 +28,44 @@ import pytest
 
 from harness.hypothesis_compat import REPRODUCE_FAILURE_ATTRIBUTE
 
-__all__ = ["DECORATOR", "apply", "as_option", "parse"]
+__all__ = [
+    "DECORATOR",
+    "NothingReplayed",
+    "apply",
+    "as_option",
+    "not_reproduced",
+    "parse",
+    "replayed_nothing",
+]
 
 #: Hypothesis' instruction under a failure: ``@reproduce_failure('VERSION', b'BLOB')``
 DECORATOR = re.compile(r"@reproduce_failure\(\s*'([^']*)'\s*,\s*b'([^']*)'\s*\)")
 _VALUE = re.compile(r"^(\d+(?:\.\d+)*):([A-Za-z0-9+/=]+)$")
 #: the attribute Hypothesis' ``reproduce_failure`` decorator sets on a test
 _ATTRIBUTE = REPRODUCE_FAILURE_ATTRIBUTE
+
+
+class NothingReplayed(Exception):
+    """``--reproduce-failure`` showed no failure (the message says why and what to do)."""
+
+
+def replayed_nothing(check: str) -> NothingReplayed:
+    """The error for a selected test that passed: no example of it read the blob."""
+    return NothingReplayed(
+        f"--reproduce-failure replayed nothing: {check} passed without running the example "
+        "(it is no Hypothesis @given test and ran no state machine, so nothing read the "
+        "blob); select the check whose finding printed the blob, as its reproduce line does."
+    )
+
+
+def not_reproduced(check: str, exc: BaseException) -> NothingReplayed:
+    """The error for an example that was replayed and did not fail (Hypothesis'
+    ``DidNotReproduce`` as ``exc``)."""
+    return NothingReplayed(
+        f"--reproduce-failure replayed the example of {check}, and it did not fail: {exc} "
+        "(the bug is gone, or the blob is another check's, or this check's draws changed "
+        "since it was printed)"
+    )
 
 
 def as_option(text: str) -> str:

@@ -29,6 +29,8 @@ from harness.conformance.distinct import describe
 from harness.conformance.examples import item_parameters
 from harness.conformance.findings import Finding
 from harness.conformance.progress import Progress, terminal_writer
+from harness.conformance.replay import not_reproduced, replayed_nothing
+from harness.conformance.several import verdict_of_several
 from harness.conformance.signatures import is_failure
 from harness.conformance.strict import StrictVerdict, add_to_junit, strict_verdict
 from harness.conformance.summary import summary_wanted, write_summary
@@ -194,7 +196,7 @@ class ConformancePlugin:
 
         See [Note: unsupported configurations] in :mod:`harness.conformance.unsupported`.
         """
-        from hypothesis.errors import FailedHealthCheck, Unsatisfiable
+        from hypothesis.errors import DidNotReproduce, FailedHealthCheck, Unsatisfiable
 
         check = self.checks.get(item.nodeid) or Check("", item.nodeid, [])
         handle = getattr(getattr(item, "obj", None), "hypothesis", None)
@@ -211,18 +213,23 @@ class ConformancePlugin:
             if check.unsupported and check.remembered_in_a_row > 0:
                 return None  # what ran passed, the rest was refused: passed on what it offers
             raise
+        except DidNotReproduce as exc:  # --reproduce-failure's example did not fail
+            raise not_reproduced(check.id or item.nodeid, exc) from None
         except BaseException as exc:
             if is_failure(exc) and check.id:
                 self._announce(self.triage.attribute(check, exc), item)
                 several = describe(exc, check.clauses)
                 if several is not None:
                     check.distinct, check.distinct_notes = several.listing, several.notes
+                    check.several_verdict = verdict_of_several(exc)
             raise
         finally:
             if inner is not None:
                 handle.inner_test = inner  # type: ignore[union-attr]
         if inner is not None and check.unsupported and check.examples_ran == 0:
             raise skip_exception(check.unsupported_reason())
+        if self.config.getoption("reproduce_failure", None):  # no example read the blob
+            raise replayed_nothing(check.id or item.nodeid)
         return result
 
     @pytest.hookimpl(tryfirst=True)  # before junitxml's, which reads the properties

@@ -539,6 +539,8 @@ def _first(message: str) -> str:
 
 
 def _rank_attribution(failure: RankFailure, clause: str, found: str = "") -> Attribution:
+    if getattr(failure, "kind", "") == "hang":  # other ranks' errors follow from the hang
+        return _hung_attribution(failure, clause)
     by_rank = {o.rank: o for o in failure.outcomes}
     first = by_rank[failure.failed_ranks[0]] if failure.failed_ranks else failure.outcomes[0]
     errors = [by_rank[r].error for r in failure.failed_ranks if by_rank[r].error is not None]
@@ -562,6 +564,16 @@ def _rank_attribution(failure: RankFailure, clause: str, found: str = "") -> Att
         through = crashed_inside(first.stacks)
         message = f"rank crashed: {what}"
         return Attribution(clause, "crashed", "crash", mask(what), "", message, through=through)
+    return _hung_attribution(failure, clause)
+
+
+def _hung_attribution(failure: RankFailure, clause: str) -> Attribution:
+    """A hang told by its first hung rank: where its stack is, why it was cut off (a
+    distributed error on another rank only gave up waiting for it: [Note: a hang among
+    other failures] in :mod:`harness.verdicts.failures`)."""
+    by_rank = {o.rank: o for o in failure.outcomes}
+    hung = [by_rank[r] for r in failure.failed_ranks if by_rank[r].kind == "hung"]
+    first = hung[0] if hung else failure.outcomes[0]  # first failure first
     where, _ = _where_in_text(first.stacks)
     detail = first.detail or "the rank did not answer before its deadline"
     return Attribution(clause, "hung", "hang", mask(detail), where, detail)

@@ -6,7 +6,8 @@ docs/architecture.md). A job is sent to every rank, and the replies are polled u
 answered or the cutoff passed: the job's deadline, brought forward when a rank fails (the
 others get ``failure_grace``) or, where ranks can be replaced, when a rank finished and the
 others linger (:func:`lonely_grace`) or all sit stalled in collectives
-(:mod:`harness.pool.stall`). A rank still inside the job then is ``hung``.
+(:mod:`harness.pool.stall`), and never later than the job's ``bound`` (its test's time: see
+:mod:`harness.run.budget`). A rank still inside the job then is ``hung``.
 
 Healing: after a rank raised, a health check compares cross-rank state and runs a short
 barrier; when it fails (or a collective did) the pool ends the generation of ranks or of
@@ -32,11 +33,17 @@ from dataclasses import replace
 
 from harness.pool.progress import EXTENSION_FLOOR, WINDOW, Sample, progress, take_sample
 from harness.pool.stall import StallProbe, cpu_seconds
-from harness.pool.transport import PoolSettings, RanksUnreachable, StackDump, Transport
+from harness.pool.transport import Bound, PoolSettings, RanksUnreachable, StackDump, Transport
 from harness.pool.usage import PoolUsage
 from harness.rank.runner import pg_timeout_for
 from harness.verdicts.collectives import waiting_collective
-from harness.verdicts.outcomes import Outcome, format_story, outcome_from_reply, tidy_stacks
+from harness.verdicts.outcomes import (
+    STUCK_DETAIL,
+    Outcome,
+    format_story,
+    outcome_from_reply,
+    tidy_stacks,
+)
 from harness.wire.protocol import Command, Job, Kind
 
 __all__ = [
@@ -124,6 +131,7 @@ class RankPool:
         self._job_cpu: dict[int, float] = {}  # each rank's CPU seconds as the job was sent
         self._cpu_pids: list[int] = []  # the ranks ``_job_cpu`` belongs to
         self._job_deadline = float("inf")  # the running job's deadline, seconds
+        self._bound: Bound | None = None  # the running job's final cutoff (its test's time)
 
     def take_heals(self) -> list[str]:
         """The causes of the generations that ended early since the last call (then
@@ -189,6 +197,7 @@ class RankPool:
             (Kind.READY,),
             settings.failure_grace,
             lonely=False,
+            bound=self._bound,
         )
         if not all(o.ok for o in outcomes):
             n, name = self.settings.world_size, self.transport.name
@@ -208,17 +217,20 @@ class RankPool:
             self.respawns += 1
         return seconds
 
-    def run(self, job: Job, job_id: int) -> list[Outcome]:
+    def run(self, job: Job, job_id: int, bound: Bound | None = None) -> list[Outcome]:
         """Run one job on every rank and return the outcomes (the pool heals itself).
 
         Args:
             job: the job; ``job.timeout`` is its deadline in seconds.
             job_id: the job's id, carried by every message.
+            bound: the final cutoff of the job and of a start of the ranks before it
+                (its test's time), whatever else would move it later.
 
         Raises:
             PoolLost: the pool was lost before this job, or while it ran (the store is gone).
         """
         self._check_usable()
+        self._bound = bound
         try:
             if self.started and self.transport.taken():
                 self.started = False  # another world size's group holds the ranks: a switch
@@ -231,7 +243,7 @@ class RankPool:
             token = self.transport.send(Command(Kind.JOB, job_id, job))
             grace = self.settings.failure_grace
             outcomes = self._wait(
-                token, began, began + job.timeout, (Kind.RESULT, Kind.ERROR), grace
+                token, began, began + job.timeout, (Kind.RESULT, Kind.ERROR), grace, bound=bound
             )
             self._heal(token, outcomes, job_id)
             self._note_job_end(outcomes)
@@ -239,6 +251,8 @@ class RankPool:
         except RanksUnreachable as exc:
             self.lost = str(exc)
             raise PoolLost(self.lost) from None
+        finally:
+            self._bound = None
         return outcomes
 
     def _note_job_start(self, deadline: float) -> None:
@@ -281,10 +295,11 @@ class RankPool:
         kinds: tuple[Kind, ...],
         grace: float | None,
         lonely: bool = True,
+        bound: Bound | None = None,
     ) -> list[Outcome]:
         """:meth:`_gather`, ending the generation when interrupted (Ctrl-C, pytest-timeout)."""
         try:
-            return self._gather(token, began, deadline, kinds, grace, lonely)
+            return self._gather(token, began, deadline, kinds, grace, lonely, bound)
         except RanksUnreachable:
             raise
         except BaseException:
@@ -299,31 +314,42 @@ class RankPool:
         kinds: tuple[Kind, ...],
         grace: float | None,
         lonely: bool = True,
+        bound: Bound | None = None,
     ) -> list[Outcome]:
         """Every rank's outcome of command ``token``: its reply of one of ``kinds`` (or an
         error), a crash, or ``hung`` when the cutoff passed first. ``grace`` brings the
         cutoff forward once a rank is out: after a failed rank always, after one that
         finished only when ``lonely`` (jobs; at the start ranks finish as they are ready).
         A job's cutoff (its deadline, or the grace after a rank finished) moves on while
-        the ranks still inside it work (see [Note: slow is not hung])."""
+        the ranks still inside it work (see [Note: slow is not hung]), never past
+        ``bound``, the test's time (see [Note: the test's time budget] in
+        :mod:`harness.run.budget`)."""
         outcomes: list[Outcome | None] = [None] * self.settings.world_size
         cutoff, why = deadline, f"still running at the deadline ({deadline - began:.1f} s)"
         probe = self._probe(began, grace) if lonely else None
         patient = probe is not None  # a job whose ranks can be sampled: cutoffs may move
         limit = max(deadline, began + self.settings.rank_timeout)
+        if bound is not None and bound.at < limit:
+            limit = bound.at
+            if bound.at <= cutoff:
+                cutoff, why = bound.at, bound.why
         before: Sample | None = None  # the first sample of the window before the cutoff
         moved: list[str] = []  # why the cutoff moved on, each time
         while None in outcomes:
             now = time.monotonic()
             pending = [rank for rank, o in enumerate(outcomes) if o is None]
             if now >= cutoff:
+                if cutoff >= limit:
+                    break  # the last cutoff: whether the ranks still work changes nothing
                 alone = len(pending) < len(outcomes)  # others are out: the machine is no excuse
                 own = None if alone else self.settings.world_size
                 working = self._working(token, pending, before, own) if patient else ""
-                if not working or cutoff >= limit:
+                if not working:
                     break
                 step = max(EXTENSION_FLOOR, deadline - began)
                 cutoff, before = min(limit, time.monotonic() + step), None
+                if bound is not None and cutoff >= bound.at:
+                    why = bound.why
                 moved.append(working)
                 self.cutoffs_moved.append(working)
                 continue
@@ -332,7 +358,7 @@ class RankPool:
                 continue
             if probe is not None and now >= probe.next_at:
                 if self._stalled(probe, token, pending):
-                    why = f"stuck in a collective: no progress in {probe.every:.0f} s"
+                    why = f"{STUCK_DETAIL}: no progress in {probe.every:.0f} s"
                     break
                 continue
             wake = cutoff - WINDOW if patient and before is None else cutoff

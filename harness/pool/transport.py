@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from harness.verdicts.outcomes import Outcome
 
 __all__ = [
+    "Bound",
     "PoolSettings",
     "RanksUnreachable",
     "Reply",
@@ -37,6 +38,19 @@ __all__ = [
     "Transport",
     "TransportKind",
 ]
+
+
+class Bound(NamedTuple):
+    """A job's final cutoff, whatever its deadline, graces and progress: the time its test
+    has left (see [Note: the test's time budget] in :mod:`harness.run.budget`).
+
+    Args:
+        at: when (``time.monotonic()``).
+        why: the ``detail`` of a rank still inside the job then.
+    """
+
+    at: float
+    why: str
 
 
 @dataclass(frozen=True)

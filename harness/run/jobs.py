@@ -4,7 +4,9 @@
 it checks the arguments, pickles them into a :class:`~harness.wire.protocol.Job`, runs it on the
 session's pool of that size, replays a job that hung or broke a collective with collective
 checking (and runs the rest of its check checked), learns the check's deadlines, and returns
-every rank's value or raises the failure that names every rank's story.
+every rank's value or raises the failure that names every rank's story. Every job of a test
+that pytest-timeout bounds ends before it does, with the harness's verdict (see [Note: the
+test's time budget] in :mod:`harness.run.budget`).
 
 Once a replay has named a desync, every later job of the session runs checked: the same bug
 tends to meet the checks after it, and a checked job names a mismatch at once (well under a
@@ -23,13 +25,13 @@ from typing import Any
 
 from harness.contract import Unsupported
 from harness.entry import sigterm
-from harness.pool.rankpool import RankPool
+from harness.pool.rankpool import PoolStartError, RankPool
 from harness.refusals import EnvironmentRefusal
 from harness.run.deadlines import current_check
 from harness.run.session import HarnessSession
-from harness.run.shrinking import shrink_once
+from harness.run.shrinking import shrink_once, stop_after_this_example
 from harness.verdicts.failures import CollectiveDesync, CollectiveHang, failure_for
-from harness.verdicts.outcomes import Outcome
+from harness.verdicts.outcomes import Outcome, RankFailure
 from harness.wire.fnref import fn_ref_of
 from harness.wire.protocol import FnRef, Job
 
@@ -53,28 +55,113 @@ def run_on_ranks(
     if deadline is None:
         deadline = session.deadlines.deadline(check, str(ref))
     blob = _pickle_args(args)
+    failure = _standing_verdict(session)  # the test's time is spent: not another job
+    if failure is None:
+        try:
+            outcomes, what = _dispatch(session, ref, blob, deadline, size, check)
+        except PoolStartError as exc:
+            failure = _standing_verdict(session)  # a start the test's time cut off
+            if failure is None:
+                if session.budget is not None:
+                    session.budget.verdict = exc  # the ranks could not start: the verdict
+                raise
+        else:
+            if all(o.ok for o in outcomes):
+                return [o.value for o in outcomes]
+            failure = _standing_verdict(session) or _verdict(session, outcomes, what)
+    raise failure
+
+
+def _standing_verdict(session: HarnessSession) -> RankFailure | PoolStartError | None:
+    """Once the test's time is spent, the failure it had before, raised again: a job (or a
+    start of the ranks) that the spent budget cut off says nothing of its own, and Hypothesis'
+    replay of a failing example must end as the example did (see [Note: the test's time
+    budget] in :mod:`harness.run.budget`); ``None`` while time is left or nothing failed."""
+    budget = session.budget
+    if budget is None or budget.verdict is None or not budget.spent():
+        return None
+    stop_after_this_example()  # no new example: Hypothesis reports this one
+    return budget.again()
+
+
+def _dispatch(
+    session: HarnessSession, ref: FnRef, blob: bytes, deadline: float, size: int, check: str
+) -> tuple[list[Outcome], str]:
+    """Run the job (replayed with collective checking when worth it) and learn from it;
+    return the outcomes and what the job was (as a failure names it).
+
+    Raises:
+        TestTimeSpent: the test's time left no room for the job (see [Note: the test's time
+            budget] in :mod:`harness.run.budget`).
+        Unsupported: every rank refused the example.
+    """
+    __tracebackhide__ = True
     pool = session.pool_for(size)
+    budget = session.budget
+    if budget is not None and budget.spent():
+        raise budget.not_sent(f"job {session.last_job_id + 1}: {ref} at world size {size}")
     if session.observer is not None:
         session.observer.before_job()  # the conformance plugin's shrink budget
     checked = _use_checking(session, pool, check)
     outcomes, what = _run_job(session, pool, ref, blob, deadline, size)
     if not checked and _worth_replaying(outcomes) and pool.can_check:
         session.checked_check = check  # the replay and the rest of this check run checked
-        _use_checking(session, pool, check)
-        outcomes, what = _run_job(session, pool, ref, blob, deadline, size)
-        what += " (replayed with collective checking)"
+        outcomes, what = _replay_checked(session, pool, (ref, blob, deadline, size), outcomes, what)
     session.deadlines.learn(check, str(ref), outcomes)
     if all(isinstance(o.exception, Unsupported) for o in outcomes):
         raise outcomes[0].exception  # type: ignore[misc]  # refused: no example ran
     session.job_ran()  # passed or failed, the example ran
-    if all(o.ok for o in outcomes):
-        return [o.value for o in outcomes]
+    return outcomes, what
+
+
+def _replay_checked(
+    session: HarnessSession,
+    pool: RankPool,
+    job: tuple[FnRef, bytes, float, int],
+    outcomes: list[Outcome],
+    what: str,
+) -> tuple[list[Outcome], str]:
+    """Replay a job that hung or broke a collective with collective checking; return the
+    outcomes to judge. Under a test's time budget the replay is cut off with the rest, and
+    one that ran out of the test's time (or could not start the checked ranks in it) and
+    named no desync tells less than the first run: that one's outcomes are kept."""
+    budget = session.budget
+    if budget is not None and budget.spent():
+        return outcomes, f"{what} (not replayed with collective checking: the test's time is spent)"
+    pool.set_checking(True)  # the ranks start again, checked
+    try:
+        replayed, again = _run_job(session, pool, *job)
+    except PoolStartError:
+        if budget is None or not budget.spent():
+            raise
+        return (
+            outcomes,
+            f"{what} (its replay with collective checking could not start the ranks before "
+            "the test's time ran out)",
+        )
+    if budget is not None and budget.spent() and not _desync(replayed):
+        return outcomes, f"{what} (its replay with collective checking ran out of the test's time)"
+    return replayed, f"{again} (replayed with collective checking)"
+
+
+def _desync(outcomes: Sequence[Outcome]) -> bool:
+    """Whether a rank raised on a mismatch of collectives (``failure_for``'s desync)."""
+    return any(o.kind == "raised" and o.collective is not None for o in outcomes)
+
+
+def _verdict(session: HarnessSession, outcomes: list[Outcome], what: str) -> RankFailure:
+    """The failure of a job that failed; Hypothesis' search and the test's time told of it."""
     failure = failure_for(outcomes, what)
     if isinstance(failure, CollectiveDesync):
         session.desync_seen = True
     if isinstance(failure, (CollectiveDesync, CollectiveHang)):
         shrink_once()  # one bug whatever the example's size: shrink it once
-    raise failure
+    budget = session.budget
+    if budget is not None:
+        budget.verdict = failure  # once the test's time is spent, later jobs raise it again
+        if budget.spent():
+            stop_after_this_example()  # no new example: Hypothesis replays this one
+    return failure
 
 
 def _check_world_size(session: HarnessSession, world_size: Any) -> int:
@@ -114,8 +201,9 @@ def _run_job(
     config = session.config
     job = Job(ref, blob, deadline, tmp_dir, config.strategy, dict(config.strategy_options))
     what = f"job {job_id}: {ref} at world size {size}"
+    bound = session.budget.bound() if session.budget is not None else None
     try:
-        outcomes = pool.run(job, job_id)
+        outcomes = pool.run(job, job_id, bound)
     finally:
         session.note_heals(pool, size)  # a failed start raises: its heal is kept too
         if os.path.isdir(tmp_dir):

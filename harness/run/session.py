@@ -36,6 +36,7 @@ from harness.pool.transports import loaded_kinds, transport_kind
 from harness.pool.usage import PoolUsage
 from harness.rank.runner import pg_timeout_for
 from harness.refusals import Refusal, skip_exception
+from harness.run.budget import TestBudget
 from harness.run.deadlines import Deadlines, current_check
 from harness.run.remembered import RememberedRefusals
 from harness.verdicts.attribution import LateViolation
@@ -95,6 +96,8 @@ class HarnessSession:
         self.last_job_id = 0
         self.deadlines = Deadlines(ceiling=self.config.rank_timeout)
         self.checked_check: str | None = None  # the check whose jobs run with checking
+        #: the running test's time (see [Note: the test's time budget] in harness.run.budget)
+        self.budget: TestBudget | None = None
         self.desync_seen = False  # a replay named a desync: every later job runs checked
         self.refusals: dict[str, Refusal] = {}  # the last refusal of each outcome
         self.remembered = RememberedRefusals()  # option values the strategy refused

@@ -1,10 +1,11 @@
 """The harness session as a pytest plugin: its hooks, registered as ``shardcheck-session``.
 
 :func:`harness.plugin.pytest_configure` makes one :class:`SessionPlugin` per pytest session
-(see [Note: the session object] in :mod:`harness.run.session`). Its hooks route each job's rank
-output to the report of the test that ran it, turn a Hypothesis test none of whose examples
-could run here into the refusal's skip, stop the run when a pool is lost, print the rank
-warnings summary, and stop every pool when the session ends.
+(see [Note: the session object] in :mod:`harness.run.session`). Its hooks bound each test's
+jobs by its pytest-timeout limit, route each job's rank output to the report of the test
+that ran it, turn a Hypothesis test none of whose examples could run here into the refusal's
+skip, stop the run when a pool is lost, print the rank warnings summary, and stop every pool
+when the session ends.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from harness.pool.progress import moved_line
 from harness.pool.rankpool import switches_line
 from harness.pool.usage import leak_warning, usage_line
 from harness.refusals import EnvironmentRefusal
+from harness.run.budget import TestBudget
 from harness.run.session import HarnessSession, activate, deactivate
 from harness.verdicts.outcomes import Outcome
 from harness.verdicts.rankwarnings import write_summary
@@ -55,6 +57,16 @@ class SessionPlugin:
             return (yield)
         finally:
             self.session.output_sink = previous
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, Any, Any]:
+        """Bound the test's jobs by its pytest-timeout limit, so that the harness's verdict
+        comes first (see [Note: the test's time budget] in :mod:`harness.run.budget`)."""
+        self.session.budget = TestBudget.of(item)
+        try:
+            return (yield)
+        finally:
+            self.session.budget = None
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, Any, Any]:

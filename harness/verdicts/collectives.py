@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 import harness.torch_compat as torch_compat
+from harness.verdicts.fsdp2_collectives import fsdp2_collective
 
 __all__ = [
     "Collective",
@@ -59,16 +60,21 @@ class Collective:
         shapes: the tensor shapes, as torch prints them (empty when unknown).
         dtypes: the tensor dtypes (empty when unknown).
         frame: the innermost frame of the strategy's (or test's) code that called it.
+        via: what entered it when that is not the strategy's own call: FSDP2's collective,
+            its function and hook (:mod:`harness.verdicts.fsdp2_collectives`), or ``""``.
     """
 
     op: str
     shapes: str = ""
     dtypes: str = ""
     frame: str = ""
+    via: str = ""
 
     def describe(self) -> str:
-        """``ALLREDUCE shapes=[3, 4] dtypes=Float at strategy.py:12 in load``."""
-        parts = [self.op]
+        """``ALLREDUCE shapes=[3, 4] dtypes=Float at strategy.py:12 in load``; ``FSDP2
+        all-gather (foreach_all_gather in pre_forward; c10d all_gather_single) at
+        strategy.py:30 in training_step`` for one FSDP2 entered."""
+        parts = [self.via or self.op]
         if self.shapes:
             parts.append(f"shapes={self.shapes}")
         if self.dtypes:
@@ -225,16 +231,20 @@ def waiting_collective(stacks: str) -> Collective | None:
     """The collective a rank's faulthandler dump shows it waiting in (a c10d call, or a
     functional collective such as DTensor's ``redistribute`` makes: the outermost such frame
     that names an operation, e.g. ``all_gather_tensor`` over ``wait_tensor``, ``wait_tensor``
-    under ``AsyncCollectiveTensor.wait``), with the innermost
+    under ``AsyncCollectiveTensor.wait``; or FSDP2's all-gather or reduce-scatter, also while
+    it waits for one it issued: :mod:`harness.verdicts.fsdp2_collectives`), with the innermost
     strategy frame that called it; ``None`` when no thread is in one."""
     for block in stacks.split("\n\n"):
         frames = [m.groupdict() for m in _STACK_LINE.finditer(block)]  # innermost first
         ops = [f["name"] for f in frames if _in_collective_file(f["file"])]
-        if not ops:
-            continue
         public = [op for op in ops if not op.startswith("_") and op not in _NOT_OP_NAMES]
-        op = (public or ops)[-1]
+        op = (public or ops)[-1] if ops else ""
+        fsdp2 = fsdp2_collective([(f["file"], f["name"]) for f in frames], op)
+        if not op and fsdp2 is None:
+            continue
         caller = next((f for f in frames if _is_strategy_code(f["file"])), None)
         where = f"{caller['file']}:{caller['line']} in {caller['name']}" if caller else ""
-        return Collective(op, frame=where)
+        if fsdp2 is None:
+            return Collective(op, frame=where)
+        return Collective(op or fsdp2.function, frame=where, via=fsdp2.describe(op))
     return None

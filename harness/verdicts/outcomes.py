@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from harness.wire.protocol import Reply
 
 __all__ = [
+    "BUDGET_DETAIL",
+    "STUCK_DETAIL",
     "Outcome",
     "OutcomeKind",
     "RankFailure",
@@ -39,6 +41,12 @@ __all__ = [
 ]
 
 OutcomeKind = Literal["ok", "raised", "crashed", "hung"]
+#: how the ``detail`` of a rank cut off by its test's time budget begins (see
+#: :mod:`harness.run.budget`): the hang verdict then says so in its first line
+BUDGET_DETAIL = "still running when the test's time ran out"
+#: how the ``detail`` of ranks that all sat in collectives without moving begins
+#: (:mod:`harness.pool.stall`)
+STUCK_DETAIL = "stuck in a collective"
 _TAIL_LINES = 20
 
 

@@ -167,3 +167,43 @@ def test_a_state_machine_checks_reproduce_line_replays_its_failure(
     failure = again.check("test_fake.test_session[fsdp]")["failure"]
     assert failure.splitlines()[0] == check["failure"].splitlines()[0]  # CKPT-RT-1: count 4
     assert machines.read_text() == "m"  # the failing machine alone: no search
+
+
+NOTHING_TO_REPLAY = """
+import pytest
+from hypothesis import given, settings, strategies as st
+
+@pytest.mark.clause("CKPT-RT-1")
+def test_plain():
+    pass
+
+@pytest.mark.clause("CKPT-RT-1")
+@settings(database=None)
+@given(st.integers(min_value=0, max_value=1000))
+def test_fixed(x):
+    assert x < 5000
+"""
+
+
+def test_a_replay_that_shows_no_failure_says_so_and_makes_no_finding(
+    run_suite: Callable[..., Run],
+) -> None:
+    replay = f"--reproduce-failure={_blob_of_a_failure()}"
+    # a plain test that runs no state machine: nothing reads the blob, the test passes
+    plain = run_suite(NOTHING_TO_REPLAY, "test_fake.py::test_plain", replay)
+    assert plain.ret == 1, plain.text[-2000:]
+    check = plain.check("test_fake.test_plain")
+    assert check["outcome"] == "error"
+    assert (
+        "NothingReplayed: --reproduce-failure replayed nothing: test_fake.test_plain passed"
+        in (check["failure"])
+    )
+    assert plain.report()["findings"] == []
+    # the example replayed and passed (the bug is fixed): said so, not a finding of CKPT-RT-1
+    fixed = run_suite(None, "test_fake.py::test_fixed", replay)
+    assert fixed.ret == 1, fixed.text[-2000:]
+    check = fixed.check("test_fake.test_fixed")
+    assert check["outcome"] == "error"
+    assert "replayed the example of test_fake.test_fixed, and it did not fail" in check["failure"]
+    assert "Expected the test to raise an error" in check["failure"]  # Hypothesis' own words
+    assert fixed.report()["findings"] == []

@@ -31,7 +31,9 @@ COST = Section(
             "unit), unsharded gradients (with micro-batches accumulated under "
             "`no_backward_sync`: every unit; else the two largest units), three of the largest "
             "unit's bytes for collective buffers, and four times the plain model's activation "
-            "peak on the same micro-batch; 5% tolerance on the sum.",
+            "peak on the same micro-batch; 5% tolerance on the sum. Where nothing is sharded "
+            "FSDP1 holds no unsharded copies (it computes on the stored parameters); FSDP2 "
+            "gathers into buffers of its own even then, and is allowed them.",
         ),
         Clause(
             "MEM-3",

@@ -102,6 +102,10 @@ class Law:
         accumulates: the plan's micro-batches accumulate under ``no_backward_sync``.
         replica_firsts: the first rank of each replica gathers a full read (FSDP1's hybrid
             shardings count ``rank0_only`` within the shard group).
+        gathers_alone: units are gathered into buffers of their own even with a shard of
+            one rank (FSDP2, and model_parallel's FSDP2 on a data-parallel dim of 1: measured,
+            an fsdp2 unit at world size 1 without reshard after forward holds a second copy
+            of its parameters), where FSDP1's ``NO_SHARD`` computes on the stored ones.
     """
 
     shard: int
@@ -116,6 +120,7 @@ class Law:
     reshards: bool | int
     accumulates: bool
     replica_firsts: bool = False
+    gathers_alone: bool = False
 
     def share(self, category: str) -> int:
         """MEM-1: a rank's share of one category, padding and alignment included."""
@@ -134,8 +139,9 @@ class Law:
         return sum(others[:2])
 
     def in_flight_params(self) -> int:
-        """MEM-2: unsharded parameters the configuration may hold at once."""
-        if self.shard == 1:
+        """MEM-2: unsharded parameters the configuration may hold at once (none where
+        nothing is sharded, unless FSDP2 gathers into buffers of its own even then)."""
+        if self.shard == 1 and not self.gathers_alone:
             return 0
         if self.reshards is True:
             return self.units.get("", 0) + self._two_largest()
@@ -145,7 +151,7 @@ class Law:
 
     def in_flight_grads(self) -> int:
         """MEM-2: unsharded gradients the configuration may hold at once."""
-        if self.shard == 1:
+        if self.shard == 1 and not self.gathers_alone:
             return 0
         return self.grads if self.accumulates else self._two_largest()
 
@@ -235,4 +241,5 @@ def law_of(scenario: Scenario, record: CostRecord) -> Law:
         accumulates=scenario.plan.micro_batches > 1,
         replica_firsts=isinstance(scenario.strategy, FSDPConfig)
         and "HYBRID" in scenario.strategy.sharding_strategy,
+        gathers_alone=not isinstance(scenario.strategy, FSDPConfig),
     )

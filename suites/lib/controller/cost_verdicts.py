@@ -44,7 +44,7 @@ SAVES = ("fsdp", "fsdp2", "model_parallel")
 #: the families whose sharded save and load COMM-5 measures (see its scope in CONTRACT.md)
 SHARDED_SAVES = ("fsdp2", "model_parallel")
 
-_measured: dict[tuple[str, Scenario], list[CostRecord]] = {}
+_measured: dict[tuple[str, Scenario, str], list[CostRecord]] = {}
 
 
 def measure(
@@ -65,7 +65,7 @@ def measure(
             "clauses measure with; run them with a torch that has it (2.13)"
         )
     session = current()
-    key = (session.config.strategy, scenario)
+    key = (session.config.strategy, scenario, fmt)  # a format measures its own round trip
     if key not in _measured:
         with tempfile.TemporaryDirectory(dir=session.config.shared_dir) as directory:
             save_to = directory if scenario.family in SAVES else None

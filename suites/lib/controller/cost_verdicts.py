@@ -25,7 +25,6 @@ from suites.lib.shared.cost_record import CostRecord, describe
 from suites.lib.shared.specs import MPConfig, Scenario
 
 __all__ = [
-    "SAVES",
     "SHARDED_SAVES",
     "assert_accumulation_collectives",
     "assert_clip_collectives",
@@ -39,8 +38,6 @@ __all__ = [
     "measure",
 ]
 
-#: the families whose save and load the cost checks measure (every family)
-SAVES = ("fsdp", "fsdp2", "model_parallel")
 #: the families whose sharded save and load COMM-5 measures (see its scope in CONTRACT.md)
 SHARDED_SAVES = ("fsdp2", "model_parallel")
 
@@ -68,8 +65,7 @@ def measure(
     key = (session.config.strategy, scenario, fmt)  # a format measures its own round trip
     if key not in _measured:
         with tempfile.TemporaryDirectory(dir=session.config.shared_dir) as directory:
-            save_to = directory if scenario.family in SAVES else None
-            records = run(job, scenario, save_to, fmt, world_size=scenario.world_size)
+            records = run(job, scenario, directory, fmt, world_size=scenario.world_size)
         _measured[key] = records
         session.note_cost(
             {

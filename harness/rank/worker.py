@@ -40,9 +40,12 @@ from harness.verdicts.flight import trace_prefix
 from harness.wire.fnref import install_rewriting
 from harness.wire.protocol import Command, Event, Kind, decode, encode
 
-__all__ = ["STACK_SIGNAL", "WorkerSpec", "launcher_environ", "worker_main"]
+__all__ = ["END_OF_DUMP", "STACK_SIGNAL", "WorkerSpec", "launcher_environ", "worker_main"]
 
 STACK_SIGNAL = signal.SIGUSR1
+#: the line a rank writes after each stack dump it was asked for: the pool reads a dump only
+#: once it is whole (see [Note: a dump is read whole] in harness.pool.transports.pipes)
+END_OF_DUMP = "-- end of the stack dump --\n"
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,7 @@ def _dump_stacks_on_signal(stacks: Any) -> None:
         while True:
             signal.sigwait({STACK_SIGNAL})
             faulthandler.dump_traceback(stacks, all_threads=True)
+            os.write(stacks.fileno(), END_OF_DUMP.encode())
 
     threading.Thread(target=dump_stacks, name="shardcheck-stacks", daemon=True).start()
 

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from harness.pool.transport import Reply, StackDump
-from harness.rank.worker import STACK_SIGNAL, WorkerSpec, worker_main
+from harness.rank.worker import END_OF_DUMP, STACK_SIGNAL, WorkerSpec, worker_main
 from harness.verdicts.flight import last_collectives, trace_prefix
 from harness.wire.fnref import rewritten_modules
 from harness.wire.protocol import Command, Event, Kind, decode, encode
@@ -150,27 +150,52 @@ class RankFiles:
             outcome.stdout = _read_text(self.path(outcome.rank, "stdout"))
             outcome.stderr = _read_text(self.path(outcome.rank, "stderr"))
 
-    def new_stacks(self, rank: int, peek: bool = False) -> str:
-        """What the rank's stack file gained since the last (non-peeking) read."""
+    def new_stacks(self, rank: int) -> str:
+        """What the rank's stack file gained since the last read (a crash's fatal-error dump
+        after any asked-for dumps not yet read), without the end-of-dump lines."""
+        data = self._unread(rank)
+        self._stack_pos[rank] += len(data)
+        return data.decode("utf-8", "replace").replace(END_OF_DUMP, "")
+
+    def _unread(self, rank: int) -> bytes:
         try:
             with open(self.path(rank, "stacks"), "rb") as f:
                 f.seek(self._stack_pos[rank])
-                data = f.read()
+                return f.read()
         except OSError:
-            return ""
-        if not peek:
-            self._stack_pos[rank] += len(data)
-        return data.decode("utf-8", "replace")
+            return b""
+
+    def last_whole_dump(self, rank: int) -> str | None:
+        """The last asked-for dump the rank finished writing since the last read (``None``
+        while none is whole); the file is read up to that dump's end (see [Note: a dump is
+        read whole])."""
+        data = self._unread(rank)
+        marker = END_OF_DUMP.encode()
+        end = data.rfind(marker)
+        if end < 0:
+            return None
+        start = data.rfind(marker, 0, end)
+        start = 0 if start < 0 else start + len(marker)
+        self._stack_pos[rank] += end + len(marker)
+        return data[start:end].decode("utf-8", "replace")
 
     def collect_stacks(self, ranks: Sequence[int], settle: float = 2.0) -> dict[int, str]:
-        """Wait (at most ``settle`` s) for the dumps of ``ranks``, already signalled."""
+        """Wait (at most ``settle`` s) for the dumps of ``ranks``, already signalled.
+
+        [Note: a dump is read whole] ``faulthandler`` writes a dump in many small writes, and
+        a rank's dumping thread can lose its core between two of them on a busy machine. A
+        dump read then was cut after some of its threads, and the rest began the next read:
+        two samples of a sleeping rank differed, "slow is not hung" took the rank for one
+        whose stack moved, and a 3 s deadline became 16 s (seen once in a whole CI run). So a
+        rank writes :data:`END_OF_DUMP` after each dump it was asked for, and only the last
+        whole dump counts; one not whole within ``settle`` is read by the next sample."""
         stacks: dict[int, str] = {}
         deadline = time.monotonic() + settle
         while time.monotonic() < deadline and len(stacks) < len(ranks):
             time.sleep(0.05)
             for rank in ranks:
-                if rank not in stacks and self.new_stacks(rank, peek=True).endswith("\n"):
-                    stacks[rank] = self.new_stacks(rank)
+                if rank not in stacks and (dump := self.last_whole_dump(rank)) is not None:
+                    stacks[rank] = dump
         return stacks
 
 

@@ -44,6 +44,24 @@ class _LocalShardOptimizer(fsdp2_team.FSDP2TeamStrategy):
         return {"state": state, "param_groups": osd["param_groups"]}
 
 
+class _LocalShardsInSharded(fsdp2_team.FSDP2TeamStrategy):
+    """A wrong value in a sharded save: the team hands DCP each rank's local shards as plain
+    tensors (``to_local()``, "plain tensors are simpler to save"). DCP takes a plain tensor
+    for one every rank holds alike and writes it once, from rank 0: the directory holds rank
+    0's shard of each sharded parameter under the whole parameter's name."""
+
+    def _gather(
+        self, key: str, module: nn.Module, optimizers: dict[str, Any], full: bool
+    ) -> dict[str, Any]:
+        content = super()._gather(key, module, optimizers, full)
+        if not full:
+            content[key] = {
+                name: value.to_local() if isinstance(value, DTensor) else value
+                for name, value in content[key].items()
+            }
+        return content
+
+
 class _StateBeforeFirstStep(fsdp2_team.FSDP2TeamStrategy):
     """A save before the first optimizer step writes optimizer state the plain optimizer
     does not have: torch's ``get_optimizer_state_dict`` initializes the state of an
@@ -194,6 +212,7 @@ def _factory(build: Callable[[StrategySpec], Any], cls: type) -> Callable[[Strat
 
 
 local_shard_optimizer = _factory(fsdp2_team.make_strategy, _LocalShardOptimizer)
+local_shards_in_sharded = _factory(fsdp2_team.make_strategy, _LocalShardsInSharded)
 state_before_first_step = _factory(fsdp2_team.make_strategy, _StateBeforeFirstStep)
 bare_assert_in_load = _factory(fsdp2_team.make_strategy, _BareAssertInLoad)
 leftover_scratch = _factory(fsdp2_team.make_strategy, _LeftoverScratch)
@@ -209,6 +228,7 @@ shape_error_in_save = _factory(fsdp1_team.make_strategy, _ShapeErrorInSave)
 #: on the examples drawn: "CKPT-RT-5|CKPT-RT-1" accepts either
 BUGS: dict[str, tuple[str, str]] = {
     "local_shard_optimizer": ("CKPT-RT-1", "CKPT-RT-1"),
+    "local_shards_in_sharded": ("CKPT-RT-2", "CKPT-RT-2"),
     "bare_assert_in_load": ("CKPT-RT-3", "CKPT-RT-3"),
     "leftover_scratch": ("CKPT-SAVE-6", "CKPT-SAVE-6"),
     "load_leaves_plain_state": ("CKPT-RT-1,CKPT-RT-5", "CKPT-RT-5|CKPT-RT-1"),

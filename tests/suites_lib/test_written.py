@@ -216,3 +216,27 @@ def test_a_sharded_directory_is_judged_on_what_the_offline_reader_finds(tmp_path
     del full["optimizer"]
     found = written_difference(full, plain_at_save(SCENARIO), "full")
     assert found is not None and found.clause == "CKPT-RT-1"  # a full file is all there is
+
+
+def test_a_job_the_plain_replay_does_not_follow_is_judged_on_the_models_entries(
+    tmp_path: Path,
+) -> None:
+    """values=False (the list-of-optimizers job trains two optimizers): other values and no
+    optimizer pass, a model entry of another shape fails the job with the entry named."""
+    content = _content()
+    model = {k: v + 1.0 for k, v in content["model"].items()}  # trained otherwise
+    directory = str(tmp_path / "ckpt")
+    dcp.save({"model": model}, checkpoint_id=directory, no_dist=True)
+    with pytest.raises(RuntimeError, match="the load failed"):
+        with judged_if_it_fails("sharded", [(SCENARIO, directory)], values=False):
+            raise RuntimeError("the load failed")
+    name = next(n for n in sorted(model) if n.endswith("bias"))
+    model[name] = model[name][:1]  # one rank's shard under the whole parameter's name
+    wrong = str(tmp_path / "wrong")
+    dcp.save({"model": model}, checkpoint_id=wrong, no_dist=True)
+    with pytest.raises(AssertionError) as info:
+        with judged_if_it_fails("sharded", [(SCENARIO, wrong)], values=False):
+            raise RuntimeError("the load failed")
+    message = str(info.value)
+    assert f"the sharded checkpoint as written holds model['{name}']: shape (1,)" in message
+    assert "where the plain model holds shape (" in message

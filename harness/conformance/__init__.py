@@ -7,15 +7,15 @@ and the contract's clauses (:mod:`harness.clauses`, ``CONTRACT.md``) of its
 ``failed``, ``error``, ``unsupported``, ``environment``, ``xfailed``, or ``not run`` for a
 check an interrupted or stopped session never reached); a deselected check is listed in the
 report's ``selection``. Failures are grouped into findings, one per root cause, each under the
-clause it breaks (:mod:`~harness.conformance.findings`); a check stopped by another clause's
-violation is ``blocked``. ``--list-clauses`` prints the contract and exits.
+clause it breaks (:mod:`~harness.conformance.findings.grouping`); a check stopped by another
+clause's violation is ``blocked``. ``--list-clauses`` prints the contract and exits.
 
 Modules: :mod:`~harness.conformance.checks` (ids, outcomes, the expected-failures file),
 :mod:`~harness.conformance.unsupported` (``Unsupported`` under pytest and Hypothesis),
 :mod:`~harness.conformance.session` (the hooks of one session),
 :mod:`~harness.conformance.facts` (environment, strategy, reproducers),
-:mod:`~harness.conformance.signatures` (what one failure is), :mod:`~harness.conformance.findings`
-(failures grouped by root cause),
+:mod:`~harness.conformance.findings.signatures` (what one failure is),
+:mod:`~harness.conformance.findings.grouping` (failures grouped by root cause),
 :mod:`~harness.conformance.triage` (clause isolation, late violations, stopping early),
 :mod:`~harness.conformance.economy` (shrink budgets),
 :mod:`~harness.conformance.coverage` (pairs of configuration values exercised).

@@ -26,12 +26,12 @@ from harness.conformance.checks import (
 )
 from harness.conformance.coverage import coverage_of
 from harness.conformance.distinct import describe
-from harness.conformance.examples import item_parameters
-from harness.conformance.findings import Finding
+from harness.conformance.findings.examples import item_parameters
+from harness.conformance.findings.grouping import Finding
+from harness.conformance.findings.signatures import is_failure
 from harness.conformance.progress import Progress, terminal_writer
 from harness.conformance.replay import not_reproduced, replayed_nothing
 from harness.conformance.several import verdict_of_several
-from harness.conformance.signatures import is_failure
 from harness.conformance.strict import StrictVerdict, add_to_junit, strict_verdict
 from harness.conformance.summary import summary_wanted, write_summary
 from harness.conformance.triage import LATE_PREFIX, Triage, shrink_budget

@@ -32,7 +32,7 @@ from harness.conformance.economy import (
     REMEMBERED_IN_A_ROW,
     ShrinkPolicy,
 )
-from harness.conformance.signatures import is_failure
+from harness.conformance.findings.signatures import is_failure
 from harness.contract import Unsupported, short_value, spec_field_names
 from harness.hypothesis_compat import is_data_object, stop_test_type
 from harness.refusals import Refusal, skip_exception

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import harness
 from harness.conformance.checks import Check
-from harness.conformance.crash_site import clause_at_crash, dump_frames
+from harness.conformance.findings.crash_site import clause_at_crash, dump_frames
 from harness.conformance.triage import Triage
 from harness.verdicts.outcomes import Outcome, RankFailure
 

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from harness import clause
 from harness.conformance.economy import attributed_clauses
-from harness.conformance.findings import Findings
-from harness.conformance.signatures import attribute, mask, named_clause
+from harness.conformance.findings.grouping import Findings
+from harness.conformance.findings.signatures import attribute, mask, named_clause
 from harness.contract import Unsupported
 from harness.report import CheckResult, FindingResult, Report, clause_outcomes
 from harness.report.diff import diff_reports
@@ -295,7 +295,7 @@ def test_of_several_failures_the_one_breaking_the_checks_own_clause_is_its_verdi
 
 
 def test_a_finding_met_late_after_failing_its_own_check_counts_as_late() -> None:
-    from harness.conformance.signatures import Attribution
+    from harness.conformance.findings.signatures import Attribution
     from harness.conformance.triage import Triage
 
     triage = Triage({"API-8": "teardown raises"})

@@ -10,7 +10,7 @@ import torch
 
 from harness import clause, looking
 from harness.conformance.checks import Check
-from harness.conformance.signatures import difference
+from harness.conformance.findings.signatures import difference
 from harness.conformance.triage import Triage
 from harness.contract import Unsupported
 from harness.verdicts.attribution import looked_through
@@ -203,7 +203,7 @@ def test_a_known_failure_ends_a_state_machines_search_at_its_next_job(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from harness.conformance import economy
-    from harness.conformance.findings import Findings
+    from harness.conformance.findings.grouping import Findings
 
     ended: list[bool] = []
     monkeypatch.setattr(economy, "stop_after_this_example", lambda: ended.append(True) or True)

@@ -4,7 +4,7 @@ A *signature* names a root cause: the clause the failure is attributed to, the e
 type, its message with numbers, shapes, device meshes, paths and addresses masked, and the
 innermost frame outside shardcheck (the strategy's or torch's code where it was raised). For an
 assertion made by a suite (its innermost frame is shardcheck's own) the location is left out:
-the clause and the assertion's words name it. :mod:`harness.conformance.findings` groups
+the clause and the assertion's words name it. :mod:`harness.conformance.findings.grouping` groups
 failures by it.
 
 [Note: clause isolation] (in :mod:`harness.verdicts.attribution`) says how a failure gets its
@@ -21,8 +21,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 
-from harness.conformance.checked_headline import told_after_right_file
-from harness.conformance.crash_site import OWN_DIRS, clause_at_crash, crashed_inside
+from harness.conformance.findings.checked_headline import told_after_right_file
+from harness.conformance.findings.crash_site import OWN_DIRS, clause_at_crash, crashed_inside
 from harness.hypothesis_compat import is_wrapped_base_exception
 from harness.report.words import shorten
 from harness.verdicts.attribution import (
@@ -47,7 +47,7 @@ __all__ = [
     "named_clause",
 ]
 
-_ROOT = Path(__file__).resolve().parents[2]
+_ROOT = Path(__file__).resolve().parents[3]
 #: frames in these directories are shardcheck's own (not where a strategy's bug lives)
 _LIBRARY_PARTS = ("/_pytest/", "/pluggy/", "/hypothesis/", "/contextlib.py")
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)', re.M)

@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 from harness import clause
 from harness.conformance.economy import attributed_clauses
 from harness.conformance.findings.grouping import Findings
-from harness.conformance.findings.signatures import attribute, mask, named_clause
+from harness.conformance.findings.headlines import named_clause
+from harness.conformance.findings.masking import mask
+from harness.conformance.findings.signatures import attribute
 from harness.contract import Unsupported
 from harness.report import CheckResult, FindingResult, Report, clause_outcomes
 from harness.report.diff import diff_reports

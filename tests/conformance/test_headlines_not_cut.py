@@ -5,7 +5,7 @@ two words, never inside one."""
 
 from __future__ import annotations
 
-from harness.conformance.findings.signatures import mask
+from harness.conformance.findings.masking import mask
 from harness.conformance.progress import Progress
 from harness.conformance.summary import finding_lines
 from harness.report import CheckResult, FindingResult, Report

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.conformance.checks import Check
+from harness.conformance.findings.masking import difference
 from harness.conformance.findings.one_cause import joined_clauses, same_raise
-from harness.conformance.findings.signatures import attribute, difference
+from harness.conformance.findings.signatures import attribute
 from harness.conformance.triage import Triage
 from harness.verdicts.outcomes import Outcome, RankFailure, RemoteError
 

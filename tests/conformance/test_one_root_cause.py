@@ -10,7 +10,7 @@ import torch
 
 from harness import clause, looking
 from harness.conformance.checks import Check
-from harness.conformance.findings.signatures import difference
+from harness.conformance.findings.masking import difference
 from harness.conformance.triage import Triage
 from harness.contract import Unsupported
 from harness.verdicts.attribution import looked_through

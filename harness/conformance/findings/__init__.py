@@ -3,6 +3,11 @@ failures by root cause.
 
 - :mod:`~harness.conformance.findings.signatures`: a failure's :class:`Attribution` (its
   clause, kind, masked message and place), read from the exception a check raised;
+- :mod:`~harness.conformance.findings.masking`: the masked message a signature keys on;
+- :mod:`~harness.conformance.findings.tracebacks`: where a failure was raised, and whose code
+  each frame is;
+- :mod:`~harness.conformance.findings.headlines`: one failure told in one line, what is wrong
+  first;
 - :mod:`~harness.conformance.findings.crash_site`: the clause a crashed rank was under, read
   from its fatal-error dump;
 - :mod:`~harness.conformance.findings.checked_headline`: the headline of a load that failed

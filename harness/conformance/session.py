@@ -11,7 +11,11 @@ from typing import Any
 import pytest
 
 from harness.conformance import facts, junit
-from harness.conformance.checks import (
+from harness.conformance.coverage import coverage_of
+from harness.conformance.findings.examples import item_parameters
+from harness.conformance.findings.grouping import Finding
+from harness.conformance.findings.signatures import is_failure
+from harness.conformance.outcomes.checks import (
     Check,
     check_id,
     classify_report,
@@ -24,18 +28,14 @@ from harness.conformance.checks import (
     not_run_reason,
     world_sizes_of,
 )
-from harness.conformance.coverage import coverage_of
-from harness.conformance.distinct import describe
-from harness.conformance.findings.examples import item_parameters
-from harness.conformance.findings.grouping import Finding
-from harness.conformance.findings.signatures import is_failure
+from harness.conformance.outcomes.distinct import describe
+from harness.conformance.outcomes.replay import not_reproduced, replayed_nothing
+from harness.conformance.outcomes.several import verdict_of_several
+from harness.conformance.outcomes.strict import StrictVerdict, add_to_junit, strict_verdict
+from harness.conformance.outcomes.triage import LATE_PREFIX, Triage, shrink_budget
+from harness.conformance.outcomes.unsupported import CheckWatch, rejecting, skip_exception
 from harness.conformance.progress import Progress, terminal_writer
-from harness.conformance.replay import not_reproduced, replayed_nothing
-from harness.conformance.several import verdict_of_several
-from harness.conformance.strict import StrictVerdict, add_to_junit, strict_verdict
 from harness.conformance.summary import summary_wanted, write_summary
-from harness.conformance.triage import LATE_PREFIX, Triage, shrink_budget
-from harness.conformance.unsupported import CheckWatch, rejecting, skip_exception
 from harness.contract import Unsupported
 from harness.report import NOT_RUN, CheckResult, Report, write_report
 from harness.report.cost import cost_of
@@ -194,7 +194,7 @@ class ConformancePlugin:
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, Any]:
         """Turn ``Unsupported`` into the skip; per example under Hypothesis.
 
-        See [Note: unsupported configurations] in :mod:`harness.conformance.unsupported`.
+        See [Note: unsupported configurations] in :mod:`harness.conformance.outcomes.unsupported`.
         """
         from hypothesis.errors import DidNotReproduce, FailedHealthCheck, Unsatisfiable
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from harness.clauses import FAMILIES
+from harness.conformance.outcomes.strict import strict_verdict
 from harness.conformance.progress import unprefixed
-from harness.conformance.strict import strict_verdict
 from harness.report import (
     NO_CLAUSE,
     NOT_APPLICABLE,

@@ -96,7 +96,7 @@ _THROUGH = "shardcheck_through"
 _LATE: list[LateViolation] = []
 # The controller's note of the last failure that escaped ``looking`` in the running check: a
 # state machine's search is ended by it once a known finding explains it (see
-# :meth:`harness.conformance.economy.ShrinkPolicy.before_job`).
+# :meth:`harness.conformance.outcomes.economy.ShrinkPolicy.before_job`).
 _LOOKED: list[BaseException] = []
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.conformance.checks import Check
 from harness.conformance.findings.headlines import headline
 from harness.conformance.findings.masking import mask
 from harness.conformance.findings.signatures import attribute
-from harness.conformance.triage import Triage
+from harness.conformance.outcomes.checks import Check
+from harness.conformance.outcomes.triage import Triage
 from harness.verdicts.attribution import method_clause
 from harness.verdicts.outcomes import Outcome, RankFailure, RemoteError
 

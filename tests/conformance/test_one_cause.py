@@ -9,11 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness.conformance.checks import Check
 from harness.conformance.findings.masking import difference
 from harness.conformance.findings.one_cause import joined_clauses, same_raise
 from harness.conformance.findings.signatures import attribute
-from harness.conformance.triage import Triage
+from harness.conformance.outcomes.checks import Check
+from harness.conformance.outcomes.triage import Triage
 from harness.verdicts.outcomes import Outcome, RankFailure, RemoteError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from harness.conformance import junit
-from harness.conformance.checks import Check
+from harness.conformance.outcomes.checks import Check
 from harness.conformance.summary import summary_lines
 from harness.report import (
     CheckResult,

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from harness.conformance.findings.signatures import Attribution, distinct_failures
-from harness.conformance.replay import DECORATOR, as_option
+from harness.conformance.outcomes.replay import DECORATOR, as_option
 from harness.verdicts.outcomes import RankFailure
 
 __all__ = ["Distinct", "describe"]

@@ -13,12 +13,12 @@ clause's violation is ``blocked``. ``--list-clauses`` prints the contract and ex
 Modules: :mod:`~harness.conformance.outcomes.checks` (ids, outcomes, the expected-failures file),
 :mod:`~harness.conformance.outcomes.unsupported` (``Unsupported`` under pytest and Hypothesis),
 :mod:`~harness.conformance.session` (the hooks of one session),
-:mod:`~harness.conformance.facts` (environment, strategy, reproducers),
+:mod:`~harness.conformance.output.facts` (environment, strategy, reproducers),
 :mod:`~harness.conformance.findings.signatures` (what one failure is),
 :mod:`~harness.conformance.findings.grouping` (failures grouped by root cause),
 :mod:`~harness.conformance.outcomes.triage` (clause isolation, late violations, stopping early),
 :mod:`~harness.conformance.outcomes.economy` (shrink budgets),
-:mod:`~harness.conformance.coverage` (pairs of configuration values exercised).
+:mod:`~harness.conformance.output.coverage` (pairs of configuration values exercised).
 """
 
 from __future__ import annotations

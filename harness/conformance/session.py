@@ -10,8 +10,6 @@ from typing import Any
 
 import pytest
 
-from harness.conformance import facts, junit
-from harness.conformance.coverage import coverage_of
 from harness.conformance.findings.examples import item_parameters
 from harness.conformance.findings.grouping import Finding
 from harness.conformance.findings.signatures import is_failure
@@ -34,8 +32,10 @@ from harness.conformance.outcomes.several import verdict_of_several
 from harness.conformance.outcomes.strict import StrictVerdict, add_to_junit, strict_verdict
 from harness.conformance.outcomes.triage import LATE_PREFIX, Triage, shrink_budget
 from harness.conformance.outcomes.unsupported import CheckWatch, rejecting, skip_exception
-from harness.conformance.progress import Progress, terminal_writer
-from harness.conformance.summary import summary_wanted, write_summary
+from harness.conformance.output import facts, junit
+from harness.conformance.output.coverage import coverage_of
+from harness.conformance.output.progress import Progress, terminal_writer
+from harness.conformance.output.summary import summary_wanted, write_summary
 from harness.contract import Unsupported
 from harness.report import NOT_RUN, CheckResult, Report, write_report
 from harness.report.cost import cost_of
@@ -235,7 +235,7 @@ class ConformancePlugin:
     @pytest.hookimpl(tryfirst=True)  # before junitxml's, which reads the properties
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Fold each phase's report into the check's outcome (the worst phase wins), and
-        give ``--junitxml`` the outcome and finding (:mod:`harness.conformance.junit`)."""
+        give ``--junitxml`` the outcome and finding (:mod:`harness.conformance.output.junit`)."""
         check = self.checks.get(report.nodeid)
         if check is None:
             return
@@ -253,7 +253,8 @@ class ConformancePlugin:
             self.progress.checks_done(self.items_done, self.items_total or len(self.checks))
 
     def _announce(self, finding: Finding, item: pytest.Item) -> None:
-        """One terminal line the moment a finding is new (see :mod:`.progress`)."""
+        """One terminal line the moment a finding is new (see
+        :mod:`~harness.conformance.output.progress`)."""
         if finding.id in self.progress.announced:
             return
         check = self.checks.get(item.nodeid)

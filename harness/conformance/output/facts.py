@@ -20,7 +20,7 @@ import pytest
 
 from harness.config import HarnessConfig, describe_backends
 from harness.conformance.outcomes.replay import as_option
-from harness.conformance.provenance import provenance
+from harness.conformance.output.provenance import provenance
 from harness.run.session import session_of
 
 __all__ = ["environment", "reproducer", "run", "strategy", "suite_version"]

@@ -1,5 +1,8 @@
-"""What a conformance run prints and writes, beyond the checks' outcomes.
+"""What a conformance run prints and writes: the report's data, the terminal's lines, the JUnit
+file's properties.
 
+- :mod:`~harness.conformance.output.report_data`: the session's report (the checks, the
+  findings, the facts of the run), built at its end;
 - :mod:`~harness.conformance.output.progress`: each new finding the moment it is found, and
   how far a long run has come;
 - :mod:`~harness.conformance.output.summary`: the clause summary at the end of the run (and

@@ -10,15 +10,17 @@ report's ``selection``. Failures are grouped into findings, one per root cause, 
 clause it breaks (:mod:`~harness.conformance.findings.grouping`); a check stopped by another
 clause's violation is ``blocked``. ``--list-clauses`` prints the contract and exits.
 
-Modules: :mod:`~harness.conformance.outcomes.checks` (ids, outcomes, the expected-failures file),
-:mod:`~harness.conformance.outcomes.unsupported` (``Unsupported`` under pytest and Hypothesis),
-:mod:`~harness.conformance.session` (the hooks of one session),
-:mod:`~harness.conformance.output.facts` (environment, strategy, reproducers),
-:mod:`~harness.conformance.findings.signatures` (what one failure is),
-:mod:`~harness.conformance.findings.grouping` (failures grouped by root cause),
-:mod:`~harness.conformance.outcomes.triage` (clause isolation, late violations, stopping early),
-:mod:`~harness.conformance.outcomes.economy` (shrink budgets),
-:mod:`~harness.conformance.output.coverage` (pairs of configuration values exercised).
+This module is the plugin pytest loads: its options and hooks, light enough for every pytest
+run ([Note: the plugins' cost] in :mod:`harness.entry.inplay`); the rest is imported when a
+run uses shardcheck. :mod:`~harness.conformance.session` holds the hooks of one session
+(:class:`ConformancePlugin`), and three sub-packages the rest, by role:
+
+- :mod:`harness.conformance.findings`: how failures become findings (what one failure is,
+  its headline, failures grouped by root cause);
+- :mod:`harness.conformance.outcomes`: how each check gets its outcome (ids, refusals, shrink
+  budgets, triage, replays) and the strict verdict;
+- :mod:`harness.conformance.output`: what the run prints and writes (progress lines, the
+  summary, JUnit properties, the report's data, facts and coverage).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 import harness.api as api
 from harness.api import pool_for, run_on_ranks
-from harness.conformance.provenance import commit, machine
+from harness.conformance.output.provenance import commit, machine
 from harness.pool.transports.pipes import forkserver_context
 from harness.rank.context import RankContext
 from harness.rank.warmup import tiny_fsdp2_step

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.conformance.findings import KINDS
+from harness.conformance.findings.grouping import KINDS
 from harness.report.outcome import Outcome
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -360,3 +360,62 @@ def test_the_entry_cycle_scan_sees_a_cycle_between_folders() -> None:
     entries = {"harness.a": {"harness.b"}, "harness.b": {"harness.c"}, "harness.c": {"harness.a"}}
     assert _cycles(entries) == [["harness.a", "harness.b", "harness.c"]]
     assert _entry("harness.pool.transports.pipes") == "harness.pool"
+
+
+#: the parts of ``harness/conformance/``, lowest first: each imports only those before it
+CONFORMANCE_PARTS = ("findings", "outcomes", "output")
+
+
+def _conformance_part(module: str) -> str:
+    """The part of ``harness/conformance/`` a module is in, or ``""`` (the plugin's own
+    modules, and modules outside ``harness/conformance/``)."""
+    names = module.split(".")
+    inside = names[:2] == ["harness", "conformance"] and len(names) > 2
+    return names[2] if inside and names[2] in CONFORMANCE_PARTS else ""
+
+
+def conformance_imports_upward(modules: dict[str, Path]) -> list[str]:
+    """Each import by a module of a part of ``harness/conformance/`` of a later part, or of the
+    plugin's own modules (``harness.conformance``, ``harness.conformance.session``)."""
+    wrong = []
+    for name, path in modules.items():
+        mine = _conformance_part(name)
+        if not mine:
+            continue
+        for line, module, imported in _imports(name, path):
+            target = f"{module}.{imported}" if imported else module
+            if target.split(".")[:2] != ["harness", "conformance"]:
+                continue
+            part = _conformance_part(target)
+            if not part or CONFORMANCE_PARTS.index(part) > CONFORMANCE_PARTS.index(mine):
+                wrong.append(f"{name}:{line}: imports {target}")
+    return wrong
+
+
+def test_conformance_parts_import_one_way() -> None:
+    """``harness/conformance/``'s parts stand on each other (docs/architecture.md): ``output``
+    reads ``outcomes``, which reads ``findings``; none reads the plugin that drives them."""
+    modules = _modules()
+    assert len([n for n in modules if _conformance_part(n)]) > 15  # the parts were found
+    assert conformance_imports_upward(modules) == []
+
+
+def test_the_conformance_scan_sees_an_import_upward(tmp_path: Path) -> None:
+    source = (
+        "from harness.conformance.findings.masking import mask\n"
+        "from harness.conformance.outcomes.checks import Check\n"
+        "from harness.conformance import session\n"
+        "import harness.conformance.output.facts\n"
+    )
+    (tmp_path / "x.py").write_text(source)
+    (tmp_path / "y.py").write_text(source)
+    modules = {
+        "harness.conformance.findings.x": tmp_path / "x.py",
+        "harness.conformance.output.y": tmp_path / "y.py",
+    }
+    assert conformance_imports_upward(modules) == [
+        "harness.conformance.findings.x:2: imports harness.conformance.outcomes.checks.Check",
+        "harness.conformance.findings.x:3: imports harness.conformance.session",
+        "harness.conformance.findings.x:4: imports harness.conformance.output.facts",
+        "harness.conformance.output.y:3: imports harness.conformance.session",
+    ]

@@ -11,7 +11,7 @@ A clause's ``scope`` names the argument axes it speaks of, with the values it sp
 passed, so the per-clause coverage lists an argument value the clause's checks never passed.
 An argument axis restricts no other axis of a scope (every configuration takes every value of
 every argument) and is left out of the pairs of configuration values
-(:mod:`harness.conformance.coverage`).
+(:mod:`harness.conformance.output.coverage`).
 """
 
 from __future__ import annotations

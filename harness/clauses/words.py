@@ -14,7 +14,7 @@ of.
 Such an axis is counted like an argument (:mod:`harness.clauses.arguments`): it restricts no
 other axis of a scope and is left out of the pairs of configuration values, and the values a
 clause's checks never reached are those of its scope, so an axis the scope does not name is
-none of that clause's business (:mod:`harness.conformance.coverage`).
+none of that clause's business (:mod:`harness.conformance.output.coverage`).
 """
 
 from __future__ import annotations

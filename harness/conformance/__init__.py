@@ -7,18 +7,20 @@ and the contract's clauses (:mod:`harness.clauses`, ``CONTRACT.md``) of its
 ``failed``, ``error``, ``unsupported``, ``environment``, ``xfailed``, or ``not run`` for a
 check an interrupted or stopped session never reached); a deselected check is listed in the
 report's ``selection``. Failures are grouped into findings, one per root cause, each under the
-clause it breaks (:mod:`~harness.conformance.findings`); a check stopped by another clause's
-violation is ``blocked``. ``--list-clauses`` prints the contract and exits.
+clause it breaks (:mod:`~harness.conformance.findings.grouping`); a check stopped by another
+clause's violation is ``blocked``. ``--list-clauses`` prints the contract and exits.
 
-Modules: :mod:`~harness.conformance.checks` (ids, outcomes, the expected-failures file),
-:mod:`~harness.conformance.unsupported` (``Unsupported`` under pytest and Hypothesis),
-:mod:`~harness.conformance.session` (the hooks of one session),
-:mod:`~harness.conformance.facts` (environment, strategy, reproducers),
-:mod:`~harness.conformance.signatures` (what one failure is), :mod:`~harness.conformance.findings`
-(failures grouped by root cause),
-:mod:`~harness.conformance.triage` (clause isolation, late violations, stopping early),
-:mod:`~harness.conformance.economy` (shrink budgets),
-:mod:`~harness.conformance.coverage` (pairs of configuration values exercised).
+This module is the plugin pytest loads: its options and hooks, light enough for every pytest
+run ([Note: the plugins' cost] in :mod:`harness.entry.inplay`); the rest is imported when a
+run uses shardcheck. :mod:`~harness.conformance.session` holds the hooks of one session
+(:class:`ConformancePlugin`), and three sub-packages the rest, by role:
+
+- :mod:`harness.conformance.findings`: how failures become findings (what one failure is,
+  its headline, failures grouped by root cause);
+- :mod:`harness.conformance.outcomes`: how each check gets its outcome (ids, refusals, shrink
+  budgets, triage, replays) and the strict verdict;
+- :mod:`harness.conformance.output`: what the run prints and writes (progress lines, the
+  summary, JUnit properties, the report's data, facts and coverage).
 """
 
 from __future__ import annotations
@@ -35,9 +37,12 @@ from harness.entry import inplay
 from harness.entry.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from harness.conformance.checks import check_id
+    from harness.conformance.outcomes.checks import check_id
+    from harness.conformance.outcomes.unsupported import (
+        record_unsupported,
+        skip_or_reject_unsupported,
+    )
     from harness.conformance.session import ConformancePlugin
-    from harness.conformance.unsupported import record_unsupported, skip_or_reject_unsupported
 
 __all__ = [
     "ConformancePlugin",
@@ -52,9 +57,9 @@ PLUGIN_NAME = "shardcheck-conformance-session"
 #: nothing in a run that does not use shardcheck ([Note: the plugins' cost] in harness.entry.inplay)
 _HOMES = {
     "ConformancePlugin": "harness.conformance.session",
-    "check_id": "harness.conformance.checks",
-    "record_unsupported": "harness.conformance.unsupported",
-    "skip_or_reject_unsupported": "harness.conformance.unsupported",
+    "check_id": "harness.conformance.outcomes.checks",
+    "record_unsupported": "harness.conformance.outcomes.unsupported",
+    "skip_or_reject_unsupported": "harness.conformance.outcomes.unsupported",
 }
 
 
@@ -131,7 +136,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """``--reproduce-failure``: give the one selected check its example to replay."""
     value = session.config.getoption("reproduce_failure", None)
     if value:
-        from harness.conformance.replay import apply
+        from harness.conformance.outcomes.replay import apply
 
         apply(value, session.items)
 
@@ -195,7 +200,7 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
         return None
     replay = config.getoption("reproduce_failure", None)
     if replay:
-        from harness.conformance.replay import parse
+        from harness.conformance.outcomes.replay import parse
 
         parse(replay)
     patterns = config.getoption("clauses")

@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 
-from harness.conformance import facts, junit
-from harness.conformance.checks import (
+from harness.conformance.findings.examples import item_parameters
+from harness.conformance.findings.grouping import Finding
+from harness.conformance.findings.signatures import is_failure
+from harness.conformance.outcomes.checks import (
     Check,
     check_id,
     classify_report,
@@ -24,23 +26,18 @@ from harness.conformance.checks import (
     not_run_reason,
     world_sizes_of,
 )
-from harness.conformance.coverage import coverage_of
-from harness.conformance.distinct import describe
-from harness.conformance.examples import item_parameters
-from harness.conformance.findings import Finding
-from harness.conformance.progress import Progress, terminal_writer
-from harness.conformance.replay import not_reproduced, replayed_nothing
-from harness.conformance.several import verdict_of_several
-from harness.conformance.signatures import is_failure
-from harness.conformance.strict import StrictVerdict, add_to_junit, strict_verdict
-from harness.conformance.summary import summary_wanted, write_summary
-from harness.conformance.triage import LATE_PREFIX, Triage, shrink_budget
-from harness.conformance.unsupported import CheckWatch, rejecting, skip_exception
+from harness.conformance.outcomes.distinct import describe
+from harness.conformance.outcomes.replay import not_reproduced, replayed_nothing
+from harness.conformance.outcomes.several import verdict_of_several
+from harness.conformance.outcomes.strict import StrictVerdict, add_to_junit, strict_verdict
+from harness.conformance.outcomes.triage import LATE_PREFIX, Triage, shrink_budget
+from harness.conformance.outcomes.unsupported import CheckWatch, rejecting, skip_exception
+from harness.conformance.output import facts, junit, report_data
+from harness.conformance.output.progress import Progress, terminal_writer
+from harness.conformance.output.summary import summary_wanted, write_summary
 from harness.contract import Unsupported
-from harness.report import NOT_RUN, CheckResult, Report, write_report
-from harness.report.cost import cost_of
+from harness.report import NOT_RUN, Report, write_report
 from harness.report.model import LISTED_PREFIX
-from harness.report.outcome import Outcome
 from harness.run.session import HarnessSession, session_of
 from harness.run.shrinking import quiet_slow_shrinking
 
@@ -57,11 +54,6 @@ def _parse_clauses(value: str | None) -> list[str]:
             "e.g. --clauses 'CKPT-RT-3,CLIP-1' or --clauses 'CKPT-*'."
         )
     return patterns
-
-
-def _joins(check: Check) -> bool:
-    """Whether the check's outcome makes it part of a finding."""
-    return Outcome(check.outcome or Outcome.ERROR).joins_finding
 
 
 class ConformancePlugin:
@@ -194,7 +186,7 @@ class ConformancePlugin:
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, Any]:
         """Turn ``Unsupported`` into the skip; per example under Hypothesis.
 
-        See [Note: unsupported configurations] in :mod:`harness.conformance.unsupported`.
+        See [Note: unsupported configurations] in :mod:`harness.conformance.outcomes.unsupported`.
         """
         from hypothesis.errors import DidNotReproduce, FailedHealthCheck, Unsatisfiable
 
@@ -235,7 +227,7 @@ class ConformancePlugin:
     @pytest.hookimpl(tryfirst=True)  # before junitxml's, which reads the properties
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Fold each phase's report into the check's outcome (the worst phase wins), and
-        give ``--junitxml`` the outcome and finding (:mod:`harness.conformance.junit`)."""
+        give ``--junitxml`` the outcome and finding (:mod:`harness.conformance.output.junit`)."""
         check = self.checks.get(report.nodeid)
         if check is None:
             return
@@ -253,7 +245,8 @@ class ConformancePlugin:
             self.progress.checks_done(self.items_done, self.items_total or len(self.checks))
 
     def _announce(self, finding: Finding, item: pytest.Item) -> None:
-        """One terminal line the moment a finding is new (see :mod:`.progress`)."""
+        """One terminal line the moment a finding is new (see
+        :mod:`~harness.conformance.output.progress`)."""
         if finding.id in self.progress.announced:
             return
         check = self.checks.get(item.nodeid)
@@ -303,30 +296,13 @@ class ConformancePlugin:
             add_to_junit(path, self.strict)
 
     def build_report(self) -> Report:
-        """The report of this session, from the checks as they stand."""
-        checks = [
-            CheckResult(
-                id=c.id,
-                clauses=list(c.clauses),
-                outcome=c.outcome or "error",
-                duration_s=round(c.duration_s, 4),
-                failure=c.failure,
-                reproducer=facts.reproducer(self.config, c.nodeid, c.text),
-                finding=c.finding or None if _joins(c) else None,
-                attributed_to=list(c.failed_clauses) if _joins(c) else [],
-                family=c.family,
-                rank_jobs=c.rank_jobs,
-                unsupported=list(c.unsupported),
-            )
-            for c in self.checks.values()
-        ]
-        skipped = ("environment", "error", NOT_RUN)
-        ran = [c for c in self.checks.values() if c.outcome not in skipped]
-        return Report(
-            suite_version=facts.suite_version(),
-            environment=facts.environment(self.config, (s for c in ran for s in c.world_sizes)),
-            strategy=facts.strategy(self.config),
-            checks=checks,
+        """The report of this session, from the checks as they stand
+        (:func:`~harness.conformance.output.report_data.build_report`)."""
+        return report_data.build_report(
+            self.config,
+            list(self.checks.values()),
+            self.triage,
+            self.harness,
             selection={
                 "clauses": self.config.getoption("clauses"),
                 "deselected": list(self.deselected),
@@ -339,14 +315,8 @@ class ConformancePlugin:
                 + self.triage.late_unmatched(),
                 "late_findings_expected": sorted(self.expected_late),
             },
-            findings=self.triage.finding_results(
-                checks,
-                {c.id: c.text for c in self.checks.values()},
-                {c.id: c.params for c in self.checks.values()},
-            ),
-            coverage=coverage_of(self.checks.values(), self.harness.universe),
-            cost=cost_of(self.harness.costs),
-            run=facts.run(self.config, self.started_at, time.perf_counter() - self.started),
+            started_at=self.started_at,
+            wall_time_s=time.perf_counter() - self.started,
         )
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)

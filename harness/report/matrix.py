@@ -1,6 +1,6 @@
 """The coverage matrix: clauses by configuration-axis values, each cell in one state.
 
-Read from ``report.json``'s ``coverage.by_clause`` (:mod:`harness.conformance.coverage`): per
+Read from ``report.json``'s ``coverage.by_clause`` (:mod:`harness.conformance.output.coverage`): per
 clause and axis, the values a passing check of the clause exercised (``covered``), those that
 reached its checks only in checks that did not pass (``reached``), and those of the declared
 configuration space inside the clause's scope that its checks never drew (``never``). Any

@@ -214,7 +214,7 @@ class Report:
         expected_failures: ``file`` and ``unmatched`` (ids in it that matched no test).
         findings: the failures grouped by root cause.
         coverage: the pairs of configuration-axis values the checks exercised
-            (:func:`harness.conformance.coverage.coverage_of`; empty when none reported).
+            (:func:`harness.conformance.output.coverage.coverage_of`; empty when none reported).
         run: how and when the run ran: ``hypothesis_profile``, ``hypothesis_seed``
             (``--hypothesis-seed``, or None), ``started_at`` (UTC, ISO 8601) and
             ``wall_time_s`` (empty in reports written before these were recorded).

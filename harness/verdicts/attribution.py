@@ -51,7 +51,7 @@ strategy method breaks, the first rule that applies:
    ``looking`` block is no such block: it says which findings may explain the failure.)
    One exception: a training step in a job that loaded a checkpoint, tagged by its own
    block, is the round trip's the check declares while no finding explains it (the step
-   ran on what the load left; :meth:`harness.conformance.findings.Findings.settle`).
+   ran on what the load left; :meth:`harness.conformance.findings.grouping.Findings.settle`).
 2. Untagged: the method's most telling clause the check declares (:func:`method_clause`:
    ``load_checkpoint`` in a round trip is the round trip's, CKPT-RT-1).
 3. A checkpoint method the check declares none of those for: the check's first checkpoint
@@ -96,7 +96,7 @@ _THROUGH = "shardcheck_through"
 _LATE: list[LateViolation] = []
 # The controller's note of the last failure that escaped ``looking`` in the running check: a
 # state machine's search is ended by it once a known finding explains it (see
-# :meth:`harness.conformance.economy.ShrinkPolicy.before_job`).
+# :meth:`harness.conformance.outcomes.economy.ShrinkPolicy.before_job`).
 _LOOKED: list[BaseException] = []
 
 

@@ -12,8 +12,8 @@ for the bug in the save. The suites wrap the load in the controller::
 
 An exception escaping it carries those words (:func:`checked_file_of`), and the conformance
 plugin leads a failure raised inside ``load_checkpoint`` with them
-(:func:`harness.conformance.checked_headline.told_after_right_file`). The signature does not
-change: grouping stays the same.
+(:func:`harness.conformance.findings.checked_headline.told_after_right_file`). The signature
+does not change: grouping stays the same.
 """
 
 from __future__ import annotations

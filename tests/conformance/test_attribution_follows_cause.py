@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.conformance.checks import Check
-from harness.conformance.signatures import attribute, headline, mask
-from harness.conformance.triage import Triage
+from harness.conformance.findings.headlines import headline
+from harness.conformance.findings.masking import mask
+from harness.conformance.findings.signatures import attribute
+from harness.conformance.outcomes.checks import Check
+from harness.conformance.outcomes.triage import Triage
 from harness.verdicts.attribution import method_clause
 from harness.verdicts.outcomes import Outcome, RankFailure, RemoteError
 
@@ -163,14 +165,14 @@ def test_one_wrong_answer_seen_in_two_formats_is_one_finding() -> None:
 
 
 def test_leftover_files_of_two_faults_with_random_names_are_one_key() -> None:
-    from harness.conformance.signatures import _assertion_key
+    from harness.conformance.findings.headlines import assertion_key
 
     def message(fault: str, suffix: str) -> str:
         listing = f"['ckpt'] before, ['ckpt', 'ckpt.tmp-{suffix}'] after"
         return f"CKPT-SAVE-6: model_parallel sharded save, {fault}: the directory held {listing}"
 
     keys = {
-        _assertion_key(message(f, s))
+        assertion_key(message(f, s))
         for f, s in (("write error", "ff6bde41"), ("rank killed", "78f62be4"))
     }
     assert keys == {

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.conformance.signatures import attribute
+from harness.conformance.findings.signatures import attribute
 from harness.verdicts.outcomes import Outcome, RankFailure, RemoteError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import harness
-from harness.conformance.checks import load_expected_failures
+from harness.conformance.outcomes.checks import load_expected_failures
 from harness.report import main
 
 if TYPE_CHECKING:

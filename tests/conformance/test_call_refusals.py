@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from harness.conformance import unsupported
-from harness.conformance.checks import Check
-from harness.conformance.economy import CALL_REFUSALS_IN_A_ROW, REMEMBERED_IN_A_ROW
+from harness.conformance.outcomes import unsupported
+from harness.conformance.outcomes.checks import Check
+from harness.conformance.outcomes.economy import CALL_REFUSALS_IN_A_ROW, REMEMBERED_IN_A_ROW
 from harness.contract import Unsupported
 from harness.run.remembered import mark_built_families
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.conformance.signatures import attribute
+from harness.conformance.findings.signatures import attribute
 from harness.verdicts.checked_file import checked_file_of, loading_checked_file
 from harness.verdicts.outcomes import Outcome, RankFailure, RemoteError
 

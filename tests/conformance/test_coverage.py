@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from harness.conformance.checks import Check
-from harness.conformance.coverage import MISSING_SHOWN, by_clause, coverage_of, in_scope, pairs_of
+from harness.conformance.outcomes.checks import Check
+from harness.conformance.output.coverage import (
+    MISSING_SHOWN,
+    by_clause,
+    coverage_of,
+    in_scope,
+    pairs_of,
+)
 from harness.report import Report, render_markdown
 from harness.report.markdown import clause_coverage_line, coverage_line
 

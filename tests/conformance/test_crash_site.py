@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import harness
-from harness.conformance.checks import Check
-from harness.conformance.crash_site import clause_at_crash, dump_frames
-from harness.conformance.triage import Triage
+from harness.conformance.findings.crash_site import clause_at_crash, dump_frames
+from harness.conformance.outcomes.checks import Check
+from harness.conformance.outcomes.triage import Triage
 from harness.verdicts.outcomes import Outcome, RankFailure
 
 ROOT = Path(harness.__file__).resolve().parents[1]

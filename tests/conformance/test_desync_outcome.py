@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.conformance.checks import classify_report
+from harness.conformance.outcomes.checks import classify_report
 from harness.report import CONFORMING, SEVERITY, CheckResult, clause_outcomes
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from harness.conformance.distinct import describe
+from harness.conformance.outcomes.distinct import describe
 
 if TYPE_CHECKING:
     from tests.conformance.conftest import Run

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from harness.conformance.checks import Check
-from harness.conformance.findings import KINDS, failure_kind
-from harness.conformance.signatures import Attribution
-from harness.conformance.triage import Triage
+from harness.conformance.findings.grouping import KINDS, failure_kind
+from harness.conformance.findings.signatures import Attribution
+from harness.conformance.outcomes.checks import Check
+from harness.conformance.outcomes.triage import Triage
 from harness.report import CheckResult
 
 

@@ -8,9 +8,11 @@ import pytest
 from hypothesis import strategies as st
 
 from harness import clause
-from harness.conformance.economy import attributed_clauses
-from harness.conformance.findings import Findings
-from harness.conformance.signatures import attribute, mask, named_clause
+from harness.conformance.findings.grouping import Findings
+from harness.conformance.findings.headlines import named_clause
+from harness.conformance.findings.masking import mask
+from harness.conformance.findings.signatures import attribute
+from harness.conformance.outcomes.economy import attributed_clauses
 from harness.contract import Unsupported
 from harness.report import CheckResult, FindingResult, Report, clause_outcomes
 from harness.report.diff import diff_reports
@@ -187,9 +189,9 @@ def _budgeted_test(draws_in_body: bool, calls: list[int]) -> tuple[Any, Any]:
     from hypothesis import Verbosity, given, settings
     from hypothesis import strategies as st
 
-    from harness.conformance.checks import Check
-    from harness.conformance.economy import ShrinkPolicy
-    from harness.conformance.unsupported import rejecting
+    from harness.conformance.outcomes.checks import Check
+    from harness.conformance.outcomes.economy import ShrinkPolicy
+    from harness.conformance.outcomes.unsupported import rejecting
 
     check = Check(id="t::budget", nodeid="t.py::budget", clauses=["API-1"])
     policy = ShrinkPolicy(0.0, Findings())
@@ -246,8 +248,8 @@ def test_a_spent_shrink_budget_ends_a_state_machines_search_at_its_next_job() ->
     from hypothesis import Verbosity, settings
     from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
-    from harness.conformance.checks import Check
-    from harness.conformance.economy import ShrinkPolicy
+    from harness.conformance.outcomes.checks import Check
+    from harness.conformance.outcomes.economy import ShrinkPolicy
 
     check = Check(id="t::machine", nodeid="t.py::machine", clauses=["CKPT-RT-5"])
     policy = ShrinkPolicy(0.0, Findings())
@@ -295,8 +297,8 @@ def test_of_several_failures_the_one_breaking_the_checks_own_clause_is_its_verdi
 
 
 def test_a_finding_met_late_after_failing_its_own_check_counts_as_late() -> None:
-    from harness.conformance.signatures import Attribution
-    from harness.conformance.triage import Triage
+    from harness.conformance.findings.signatures import Attribution
+    from harness.conformance.outcomes.triage import Triage
 
     triage = Triage({"API-8": "teardown raises"})
     teardown = Attribution("API-8", "raised", "NotImplementedError", "no io", "s.py:9 io", "no io")

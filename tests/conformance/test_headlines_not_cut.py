@@ -5,9 +5,9 @@ two words, never inside one."""
 
 from __future__ import annotations
 
-from harness.conformance.progress import Progress
-from harness.conformance.signatures import mask
-from harness.conformance.summary import finding_lines
+from harness.conformance.findings.masking import mask
+from harness.conformance.output.progress import Progress
+from harness.conformance.output.summary import finding_lines
 from harness.report import CheckResult, FindingResult, Report
 from harness.report.summary import render_summary
 from harness.report.words import shorten

@@ -7,7 +7,7 @@ import re
 import xml.etree.ElementTree as ET
 from datetime import datetime
 
-from harness.conformance.examples import call_example, failing_example
+from harness.conformance.findings.examples import call_example, failing_example
 from tests.conformance.test_outcomes import RunSuite
 
 SUITE = """

@@ -15,7 +15,7 @@ import harness.contract
 from harness.clauses import CLAUSES, FAMILIES
 from harness.clauses.markdown import render_markdown as render_contract
 from harness.clauses.registry import Clause
-from harness.conformance.summary import summary_lines
+from harness.conformance.output.summary import summary_lines
 from harness.report import (
     CheckResult,
     FindingResult,

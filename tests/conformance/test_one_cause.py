@@ -1,4 +1,5 @@
-"""One cause, one finding ([Note: one cause, one finding] in harness/conformance/one_cause.py):
+"""One cause, one finding ([Note: one cause, one finding] in
+harness/conformance/findings/one_cause.py):
 the same raise at the same strategy line is one finding whichever clause each check filed it
 under, the same raise under two precisions is one, a step in a round trip's save half is not
 the round trip's, and the same wrong entry whichever optimizer's state it holds is one."""
@@ -8,10 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness.conformance.checks import Check
-from harness.conformance.one_cause import joined_clauses, same_raise
-from harness.conformance.signatures import attribute, difference
-from harness.conformance.triage import Triage
+from harness.conformance.findings.masking import difference
+from harness.conformance.findings.one_cause import joined_clauses, same_raise
+from harness.conformance.findings.signatures import attribute
+from harness.conformance.outcomes.checks import Check
+from harness.conformance.outcomes.triage import Triage
 from harness.verdicts.outcomes import Outcome, RankFailure, RemoteError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from harness import clause, looking
-from harness.conformance.checks import Check
-from harness.conformance.signatures import difference
-from harness.conformance.triage import Triage
+from harness.conformance.findings.masking import difference
+from harness.conformance.outcomes.checks import Check
+from harness.conformance.outcomes.triage import Triage
 from harness.contract import Unsupported
 from harness.verdicts.attribution import looked_through
 from suites.lib.controller.checkpoint_checks import assert_same_optim
@@ -202,8 +202,8 @@ def test_a_desync_met_by_both_families_is_one_finding_at_the_strategys_collectiv
 def test_a_known_failure_ends_a_state_machines_search_at_its_next_job(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from harness.conformance import economy
-    from harness.conformance.findings import Findings
+    from harness.conformance.findings.grouping import Findings
+    from harness.conformance.outcomes import economy
 
     ended: list[bool] = []
     monkeypatch.setattr(economy, "stop_after_this_example", lambda: ended.append(True) or True)
@@ -219,8 +219,8 @@ def test_a_known_failure_ends_a_state_machines_search_at_its_next_job(
 def test_a_state_machines_look_that_a_finding_explains_ends_its_search(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from harness.conformance import economy
-    from harness.conformance.unsupported import CheckWatch
+    from harness.conformance.outcomes import economy
+    from harness.conformance.outcomes.unsupported import CheckWatch
     from harness.verdicts.attribution import last_looked_failure
 
     triage = Triage({})

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from harness.conformance import junit
-from harness.conformance.checks import Check
-from harness.conformance.summary import summary_lines
+from harness.conformance.outcomes.checks import Check
+from harness.conformance.output import junit
+from harness.conformance.output.summary import summary_lines
 from harness.report import (
     CheckResult,
     FindingResult,

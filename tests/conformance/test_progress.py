@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.conformance.progress import Progress, duration
+from harness.conformance.output.progress import Progress, duration
 
 
 class Clock:

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 import harness.run.session
 from harness import Unsupported
-from harness.conformance.checks import Check
-from harness.conformance.unsupported import CheckWatch, rejecting
+from harness.conformance.outcomes.checks import Check
+from harness.conformance.outcomes.unsupported import CheckWatch, rejecting
 from harness.refusals import Refusal
 
 

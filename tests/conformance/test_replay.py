@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
-from harness.conformance.replay import apply, as_option, parse
+from harness.conformance.outcomes.replay import apply, as_option, parse
 from harness.hypothesis_compat import REPRODUCE_FAILURE_ATTRIBUTE
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.conformance.checks import load_expected_failures
+from harness.conformance.outcomes.checks import load_expected_failures
 from harness.report import CheckResult, FindingResult, Report, main, write_report
 from harness.report.baseline import baseline_lines, steady
 from harness.report.model import FAILED_WITH, LISTED_PREFIX, XPASS_PREFIX

@@ -159,7 +159,7 @@ def test_bad_report_files(
 
 
 def test_summary_headline_prefers_a_ranks_story() -> None:
-    from harness.conformance.summary import headline
+    from harness.conformance.output.summary import headline
 
     story = (
         "harness.verdicts.outcomes.RankFailure: job 4: m:f at world size 2: rank 1 raised\n"
@@ -178,7 +178,7 @@ def test_reproducer_carries_plugins_and_shardcheck_options(
 ) -> None:
     from types import SimpleNamespace
 
-    from harness.conformance.facts import reproducer
+    from harness.conformance.output.facts import reproducer
 
     args = [
         "suites/", "-pno:cacheprovider", "-p", "harness.conformance", "--nproc", "4",

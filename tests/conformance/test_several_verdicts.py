@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from harness.conformance.several import verdict_of_several
+from harness.conformance.outcomes.several import verdict_of_several
 from harness.verdicts.failures import CollectiveDesync, CollectiveHang
 from harness.verdicts.outcomes import Outcome, RankFailure
 

@@ -4,8 +4,8 @@ hand as the pool returns them)."""
 
 from __future__ import annotations
 
-from harness.conformance.findings import failure_kind
-from harness.conformance.signatures import attribute
+from harness.conformance.findings.grouping import failure_kind
+from harness.conformance.findings.signatures import attribute
 from harness.verdicts.collectives import Collective
 from harness.verdicts.failures import CollectiveHang, failure_for
 from harness.verdicts.outcomes import BUDGET_DETAIL, Outcome, RankFailure, RemoteError

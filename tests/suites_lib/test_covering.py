@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from harness.clauses import CLAUSES, WORD_AXES
-from harness.conformance.coverage import in_scope, pairs_of, values_of
+from harness.conformance.output.coverage import in_scope, pairs_of, values_of
 from suites.lib.controller.clause_covers import (
     covering_examples,
     covering_rows,

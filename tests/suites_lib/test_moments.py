@@ -13,7 +13,7 @@ import pytest
 
 from harness.clauses import CLAUSES
 from harness.clauses.checkpoints import MOMENTS as CONTRACT_MOMENTS
-from harness.conformance.coverage import in_scope
+from harness.conformance.output.coverage import in_scope
 from suites.lib.controller.clause_covers import round_trip_plan
 from suites.lib.controller.covering import CoverRow
 from suites.lib.controller.dispatch import _axes_in

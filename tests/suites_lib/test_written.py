@@ -11,7 +11,9 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from harness.conformance.signatures import attribute, difference, headline
+from harness.conformance.findings.headlines import headline
+from harness.conformance.findings.masking import difference
+from harness.conformance.findings.signatures import attribute
 from suites.lib.controller.written import (
     check_written,
     judged_if_it_fails,

@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from harness.conformance.signatures import difference, headline
+from harness.conformance.findings.headlines import headline
+from harness.conformance.findings.masking import difference
 from harness.verdicts.checked_file import checked_file_of
 from suites.lib.controller.tolerances import tolerance
 from suites.lib.controller.written import check_written, judged_if_it_fails, plain_at_save

@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from harness.conformance.coverage import pairs_of
+from harness.conformance.output.coverage import pairs_of
 from suites.lib.controller.scenarios import (
     MP_PRECISIONS,
     SHARDING_STRATEGIES,

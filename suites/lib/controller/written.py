@@ -23,7 +23,7 @@ its message names the entry and both sides: ``CKPT-RT-1: the full checkpoint as 
 holds optimizer['state']['blocks.0.fc1.bias']['exp_avg']: shape (1,) where the plain
 optimizer holds shape (4,) (saved at world size 4 (model_parallel, full))`` (its headline:
 the message says where first, and the headline turns it around). The part after the entry
-is the finding's *difference* (:func:`harness.conformance.signatures.difference`):
+is the finding's *difference* (:func:`harness.conformance.findings.masking.difference`):
 one wrong file is one finding, whichever check, parameter or family met it. A checkpoint
 that cannot be read so is left to the load and its own clause (CKPT-SEC-1 for a file that
 needs arbitrary unpickling).
@@ -121,8 +121,8 @@ class Difference:
     def message(self, fmt: str, where: str = "") -> str:
         """The assertion message: the clause, where it was seen (``saved at world size 4
         (model_parallel, full)``), then what differs. The headline turns it around (what
-        first: :func:`harness.conformance.signatures.headline`), and the finding's key is
-        what follows the entry alone."""
+        first: :func:`harness.conformance.findings.headlines.headline`), and the finding's key
+        is what follows the entry alone."""
         seen = f"{where}: " if where else ""
         return f"{self.clause}: {seen}the {fmt} {AS_WRITTEN} {self.verb} {self.entry}: {self.what}"
 

@@ -7,8 +7,8 @@ a time) already holds that state at each save: :func:`plain_now` reads it, and
 :func:`check_written_now` judges the checkpoint against it, before a later segment loads it.
 So a save that writes what the plain state lacks (optimizer state created before the first
 step, say) fails the resume check as written, with the same difference the round trip
-reports ([Note: one cause, one finding] in :mod:`harness.conformance.one_cause`), not as the
-tolerance failure its resumed training meets steps later.
+reports ([Note: one cause, one finding] in :mod:`harness.conformance.findings.one_cause`), not
+as the tolerance failure its resumed training meets steps later.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ kind, world size, checkpoint format and the model zoo's kinds; and, for a policy
 what it meets in the model (:func:`class_words`: the contract's words "each instance of those
 classes", :mod:`harness.clauses.words`). The controller reports them for every job it
 dispatches (:func:`suites.lib.controller.dispatch.run`); the conformance plugin counts the
-pairs of values exercised by the jobs of passing checks (:mod:`harness.conformance.coverage`).
+pairs of values exercised by the jobs of passing checks
+(:mod:`harness.conformance.output.coverage`).
 """
 
 from __future__ import annotations

@@ -26,13 +26,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from harness.conformance.checks import Check
-from harness.conformance.economy import (
+from harness.conformance.findings.signatures import is_failure
+from harness.conformance.outcomes.checks import Check
+from harness.conformance.outcomes.economy import (
     CALL_REFUSALS_IN_A_ROW,
     REMEMBERED_IN_A_ROW,
     ShrinkPolicy,
 )
-from harness.conformance.signatures import is_failure
 from harness.contract import Unsupported, short_value, spec_field_names
 from harness.hypothesis_compat import is_data_object, stop_test_type
 from harness.refusals import Refusal, skip_exception
@@ -190,7 +190,7 @@ def rejecting(
         inner: the test's ``hypothesis.inner_test``.
         check: the running check; counts the examples that ran.
         policy: decides which examples of a failing check are still worth running
-            (:mod:`harness.conformance.economy`); None runs them all.
+            (:mod:`harness.conformance.outcomes.economy`); None runs them all.
     """
     import hypothesis
     from hypothesis.errors import UnsatisfiedAssumption

@@ -40,7 +40,7 @@ _MAX_SUMMARY = 4000
 #: ``--reproduce-failure`` that showed no failure (nothing the strategy did)
 _SUITE_ERRORS = re.compile(
     r"^(hypothesis\.errors\.)?(FailedHealthCheck|InvalidArgument|Unsatisfiable)\b"
-    r"|^(harness\.conformance\.replay\.)?NothingReplayed\b"
+    r"|^(harness\.conformance\.outcomes\.replay\.)?NothingReplayed\b"
 )
 _XPASS_STRICT = "[XPASS(strict)]"
 #: failures that are verdicts of their own kind: the exception names the outcome

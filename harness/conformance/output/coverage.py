@@ -34,7 +34,7 @@ from itertools import combinations
 from typing import Any
 
 from harness.clauses import ARGUMENT_AXES, CLAUSES, WORD_AXES
-from harness.conformance.checks import Check
+from harness.conformance.outcomes.checks import Check
 
 __all__ = [
     "MISSING_SHOWN",

@@ -16,7 +16,8 @@ __all__ = ["Failure", "told_after_right_file"]
 
 class Failure(Protocol):
     """What this module reads of a failure's attribution
-    (:class:`harness.conformance.signatures.Attribution`, which calls it: no import back)."""
+    (:class:`harness.conformance.findings.signatures.Attribution`, which calls it: no import
+    back)."""
 
     @property
     def kind(self) -> str: ...

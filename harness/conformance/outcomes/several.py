@@ -9,12 +9,12 @@ several failures of which one is a desync or a hang reads that verdict (``desync
 :class:`~harness.verdicts.outcomes.RankFailure`: a rank raised, crashed or hung); one
 failure that a suite's comparison found (a wrong value, an assertion in the test) keeps the
 check ``failed``. Failures inside a flaky one and pytest-timeout's are set aside first, as
-the findings do (:func:`harness.conformance.signatures.distinct_failures`).
+the findings do (:func:`harness.conformance.findings.signatures.distinct_failures`).
 """
 
 from __future__ import annotations
 
-from harness.conformance.signatures import distinct_failures
+from harness.conformance.findings.signatures import distinct_failures
 from harness.verdicts.failures import CollectiveDesync, CollectiveHang
 from harness.verdicts.outcomes import RankFailure
 

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from harness.config import HarnessConfig, describe_backends
-from harness.conformance.provenance import provenance
-from harness.conformance.replay import as_option
+from harness.conformance.outcomes.replay import as_option
+from harness.conformance.output.provenance import provenance
 from harness.run.session import session_of
 
 __all__ = ["environment", "reproducer", "run", "strategy", "suite_version"]

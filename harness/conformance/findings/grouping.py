@@ -1,13 +1,13 @@
 """Findings: failures grouped by root cause, each under the clause it breaks.
 
-Checks that failed with the same signature (:mod:`harness.conformance.signatures`) share one
-finding; so does the same error raised at the same place in checks of different clauses (an
-untagged one; a tagged one joins under the first finding's clause: [Note: one cause, one
-finding] in :mod:`harness.conformance.one_cause`), and the same wrong nested value reported
-by checks of different clauses (the finding then lists each clause). A check whose failure
-was met looking through a method a finding already explains is ``blocked`` by it ([Note:
-looking through]). The report leads with the findings, each with the clause's text, its
-example and a reproducer, and the checks it affected.
+Checks that failed with the same signature (:mod:`harness.conformance.findings.signatures`)
+share one finding; so does the same error raised at the same place in checks of different
+clauses (an untagged one; a tagged one joins under the first finding's clause: [Note: one
+cause, one finding] in :mod:`harness.conformance.findings.one_cause`), and the same wrong
+nested value reported by checks of different clauses (the finding then lists each clause). A
+check whose failure was met looking through a method a finding already explains is
+``blocked`` by it ([Note: looking through]). The report leads with the findings, each with
+the clause's text, its example and a reproducer, and the checks it affected.
 
 [Note: clause isolation] (in :mod:`harness.verdicts.attribution`) says how a failure gets its
 clause: a check failing under a clause it does not declare is ``blocked`` by that clause.
@@ -19,8 +19,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from harness.conformance.one_cause import same_raise
-from harness.conformance.signatures import Attribution
+from harness.conformance.findings.one_cause import same_raise
+from harness.conformance.findings.signatures import Attribution
 from harness.verdicts.attribution import TRAINING_METHODS, method_clause
 
 __all__ = ["KINDS", "Finding", "Findings", "failure_kind", "kind_order"]

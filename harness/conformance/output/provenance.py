@@ -18,7 +18,7 @@ import pytest
 __all__ = ["command", "commit", "machine", "provenance"]
 
 #: shardcheck's checkout: the directory above the ``harness`` package.
-_CHECKOUT = Path(__file__).resolve().parents[2]
+_CHECKOUT = Path(__file__).resolve().parents[3]
 
 
 def command(config: pytest.Config) -> str:

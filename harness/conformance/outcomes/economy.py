@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import time
 
-from harness.conformance.checks import Check
-from harness.conformance.findings import Findings
-from harness.conformance.signatures import Attribution, attribute
+from harness.conformance.findings.grouping import Findings
+from harness.conformance.findings.signatures import Attribution, attribute
+from harness.conformance.outcomes.checks import Check
 from harness.run.shrinking import (
     first_failure_time,
     in_engine,

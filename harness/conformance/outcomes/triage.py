@@ -1,10 +1,10 @@
 """Triage of one session's failures: findings, clause isolation, and when to stop.
 
 The conformance plugin hands every failing check's exception to :class:`Triage`, which gives
-it its clause(s) and its finding (:mod:`~harness.conformance.findings`), makes the check
+it its clause(s) and its finding (:mod:`~harness.conformance.findings.grouping`), makes the check
 ``blocked`` when another clause's violation kept it from its property, records violations
 noted after a check's property (``harness.clause(..., after=True)``), steers shrinking
-(:class:`~harness.conformance.economy.ShrinkPolicy`) and stops a run whose first checks all
+(:class:`~harness.conformance.outcomes.economy.ShrinkPolicy`) and stops a run whose first checks all
 fail with one finding.
 """
 
@@ -15,12 +15,12 @@ from collections.abc import Mapping
 
 import pytest
 
-from harness.conformance.checks import Check
-from harness.conformance.economy import SHRINK_SECONDS, ShrinkPolicy, attributed_clauses
-from harness.conformance.examples import finding_example
-from harness.conformance.findings import Finding, Findings, kind_order
-from harness.conformance.one_cause import joined_clauses
-from harness.conformance.signatures import attribute, late_attribution
+from harness.conformance.findings.examples import finding_example
+from harness.conformance.findings.grouping import Finding, Findings, kind_order
+from harness.conformance.findings.one_cause import joined_clauses
+from harness.conformance.findings.signatures import attribute, late_attribution
+from harness.conformance.outcomes.checks import Check
+from harness.conformance.outcomes.economy import SHRINK_SECONDS, ShrinkPolicy, attributed_clauses
 from harness.report import CheckResult, FindingResult
 from harness.verdicts.attribution import TRAINING_METHODS, LateViolation
 

@@ -4,7 +4,7 @@ With ``report_multiple_bugs`` (Hypothesis' default), a search that met failures 
 kinds raises them together (an exception group, "Hypothesis found N distinct failures"), and
 pytest's one-line summary of it says only that. The check's failure text lists them instead:
 each one's headline, the example that fails it, and the option that replays that example, the
-one the finding is about (:func:`harness.conformance.signatures.attribute`) first.
+one the finding is about (:func:`harness.conformance.findings.signatures.attribute`) first.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from harness.conformance.replay import DECORATOR, as_option
-from harness.conformance.signatures import Attribution, distinct_failures
+from harness.conformance.findings.signatures import Attribution, distinct_failures
+from harness.conformance.outcomes.replay import DECORATOR, as_option
 from harness.verdicts.outcomes import RankFailure
 
 __all__ = ["Distinct", "describe"]

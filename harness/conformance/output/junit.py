@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.conformance.checks import Check
+from harness.conformance.outcomes.checks import Check
 from harness.report.outcome import Outcome
 
 __all__ = ["annotate", "collected", "outcome_properties"]

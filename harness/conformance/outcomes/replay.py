@@ -2,7 +2,7 @@
 command line, without editing the suite.
 
 Hypothesis prints ``@reproduce_failure('6.170.17', b'AXic...')`` under a failure: the decorator
-replays that very example. The reproducer line (:func:`harness.conformance.facts.reproducer`)
+replays that very example. The reproducer line (:func:`harness.conformance.output.facts.reproducer`)
 turns it into this option, which puts the same instruction on the one selected test (what the
 decorator does) once collection is done.
 

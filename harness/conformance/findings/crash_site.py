@@ -17,7 +17,7 @@ from pathlib import Path
 
 __all__ = ["CRASH_THROUGH", "OWN_DIRS", "clause_at_crash", "crashed_inside", "dump_frames"]
 
-_ROOT = Path(__file__).resolve().parents[2]
+_ROOT = Path(__file__).resolve().parents[3]
 #: frames in these directories are shardcheck's own (not where a strategy's bug lives)
 OWN_DIRS = tuple(str(_ROOT / d) + "/" for d in ("harness", "suites"))
 #: the clauses whose finding explains a rank that crashed inside a checkpoint method

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from harness.clauses import FAMILIES
-from harness.conformance.progress import unprefixed
-from harness.conformance.strict import strict_verdict
+from harness.conformance.outcomes.strict import strict_verdict
+from harness.conformance.output.progress import unprefixed
 from harness.report import (
     NO_CLAUSE,
     NOT_APPLICABLE,
@@ -192,7 +192,8 @@ def write_summary(terminalreporter: Any, config: pytest.Config, report: Report) 
     """Write the summary section; under ``--conformance-strict`` also the verdict.
 
     A strict run with non-conforming checks also adds ``N nonconforming`` to pytest's last
-    line, so that line is never green when the run fails (see :mod:`.strict`).
+    line, so that line is never green when the run fails (see
+    :mod:`harness.conformance.outcomes.strict`).
     """
     tr = terminalreporter
     tr.section("shardcheck conformance")

@@ -8,13 +8,13 @@ trip's after a load), which made one finding per clause. The rule:
 
 - Two failures are *the same raise* when both were raised in the strategy's (or torch's)
   code, with the same exception type, the same masked message (numbers, shapes, paths,
-  precisions and dtypes masked: :func:`harness.conformance.signatures.mask`) and the same
+  precisions and dtypes masked: :func:`harness.conformance.findings.signatures.mask`) and the same
   location: the strategy's line (``where``, with its line number) and, for an exception
   torch raised, torch's own frame (``raised_in``). A suite's assertion, a crash and a hang
   are never the same raise (they name no line).
 - A failure that is the same raise as a finding already made, under another signature,
-  joins that finding (:meth:`harness.conformance.findings.Findings.same_cause`): the finding
-  keeps its clause, which is the clause of the first failure; the check fails under it when
+  joins that finding (:meth:`harness.conformance.findings.grouping.Findings.same_cause`): the
+  finding keeps its clause, which is the clause of the first failure; the check fails under it when
   it declares it, else it is ``blocked`` by it (:func:`joined_clauses`). No clause is added:
   one bug reads under one clause.
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from harness.conformance.signatures import Attribution
+from harness.conformance.findings.signatures import Attribution
 
 __all__ = ["joined_clauses", "same_raise"]
 

@@ -146,3 +146,19 @@ def test_one_wrong_entry_is_one_difference_whichever_optimizers_state_it_holds()
     adam = difference(written("['exp_avg', 'exp_avg_sq', 'step']"))
     sgd = difference(written("['momentum_buffer']"))
     assert adam == sgd and "state [NAMES] where the plain optimizer holds none" in adam
+
+
+def test_one_wrong_file_is_one_difference_whichever_model_entry_a_check_read_first() -> None:
+    def written(entry: str, shapes: str) -> str:
+        return (
+            "CKPT-RT-2: saved at world size 4 (model_parallel, sharded): the sharded checkpoint "
+            f"as written holds model[{entry!r}]: shape {shapes} where the plain model holds "
+            "shape (8,)"
+        )
+
+    first = difference(written("blocks.0.fc1.bias", "(2,)"))
+    assert first == difference(written("blocks.0.attn.mha.in_proj_bias", "(6,)"))
+    assert first == "model[…]: shape (N,) where the plain model holds shape (N,)"
+    # a nested value after a load keeps its entry: which state a load lost is what differs
+    loaded = "CKPT-RT-2: loaded at world size 2 (fsdp): model['fc.weight']: 3 of 4 elements differ"
+    assert difference(loaded).startswith("model['fc.weight']: ")

@@ -62,10 +62,17 @@ def _gathered(value: Any, keep: bool) -> Any:
     return value.detach().cpu() if isinstance(value, torch.Tensor) else value
 
 
+def _keeps_full_state() -> bool:
+    """Whether this rank keeps what a full save gathers (rank 0 writes the file)."""
+    if PLANTED:  # PLANTED (MEM-3): every rank keeps the gathered state until the save ends
+        return True
+    return dist.get_rank() == 0
+
+
 def full_model_state(module: nn.Module) -> dict[str, Any]:
     """The gathered model state dict on rank 0 (``{}`` elsewhere); a tied tensor is
     gathered once and stored under each of its names."""
-    rank0 = dist.get_rank() == 0
+    keep = _keeps_full_state()
     first = {}
     for name, param in module.named_parameters(remove_duplicate=False):
         first.setdefault(id(param), name)
@@ -73,11 +80,11 @@ def full_model_state(module: nn.Module) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, tensor in module.state_dict().items():
         if alias.get(name, name) != name:
-            if rank0:
+            if keep:
                 out[name] = out[alias[name]]
             continue
-        value = _gathered(tensor, rank0)
-        if rank0:
+        value = _gathered(tensor, keep)
+        if keep:
             out[name] = value
     return out
 
@@ -85,7 +92,7 @@ def full_model_state(module: nn.Module) -> dict[str, Any]:
 def full_optimizer_state(module: nn.Module, optimizer: Optimizer, by_index: bool) -> Any:
     """One optimizer's gathered state on rank 0: keyed by parameter name, or by integer id
     in ``param_groups`` order (torch's standard form) with ``by_index``."""
-    names, rank0 = param_names(module), dist.get_rank() == 0
+    names, keep = param_names(module), _keeps_full_state()
     params = ordered_params(optimizer)
     unknown = [i for i, p in enumerate(params) if id(p) not in names]
     if unknown:
@@ -96,8 +103,8 @@ def full_optimizer_state(module: nn.Module, optimizer: Optimizer, by_index: bool
     keys: list[Any] = list(range(len(params))) if by_index else [names[id(p)] for p in params]
     state: dict[Any, Any] = {}
     for key, param in zip(keys, params, strict=True):
-        entry = {k: _gathered(v, rank0) for k, v in optimizer.state.get(param, {}).items()}
-        if entry and rank0:
+        entry = {k: _gathered(v, keep) for k, v in optimizer.state.get(param, {}).items()}
+        if entry and keep:
             state[key] = entry
     return {"state": state, "param_groups": groups_keyed(optimizer, keys)}
 
@@ -124,8 +131,8 @@ def save_full(
     error: BaseException | None = None
     if dist.get_rank() == 0:
         try:
-            for name, keep in filters.items():
-                content[name] = {k: v for k, v in content[name].items() if keep(k, v)}
+            for name, chosen in filters.items():
+                content[name] = {k: v for k, v in content[name].items() if chosen(k, v)}
             torch.save(content, scratch)
             plumbing.place_atomically(scratch, path)
         except BaseException as exc:

@@ -38,6 +38,7 @@ from independent import plumbing, solo_fsdp2_ckpt, solo_fsdp2_load
 from independent.plumbing import Collectives, Precision
 from independent.solo_fsdp2_ckpt import PLANTED
 from independent.solo_fsdp2_options import (
+    global_grad_norm,
     materialize,
     mesh_option,
     offload_policy,
@@ -201,7 +202,7 @@ class SoloFSDP2Strategy(Collectives):
     def optimizer_step(self, optimizer: Optimizer) -> Any:
         return optimizer.step()
 
-    def _root(self, module: nn.Module, what: str) -> FSDPModule:
+    def _root(self, module: nn.Module, what: str) -> nn.Module:
         if not isinstance(module, FSDPModule) or not any(module is m for m in self._modules):
             raise TypeError(
                 f"{what} needs the root module setup_module returned, not {type(module).__name__}."
@@ -242,7 +243,8 @@ class SoloFSDP2Strategy(Collectives):
                 f"norm_type={norm_type!r} is not a norm; use a positive number or inf."
             )
         grads = [p.grad for p in root.parameters() if p.grad is not None]
-        total = self._global_norm(grads, order)
+        replicas = self._mesh.size(0) if self._mesh is not None and self._mesh.ndim == 2 else 1
+        total = global_grad_norm(grads, order, replicas, self._device)
         if error_if_nonfinite and not torch.isfinite(total):
             raise RuntimeError(
                 f"the total gradient norm of order {order} is {total.item()}; pass "
@@ -254,39 +256,6 @@ class SoloFSDP2Strategy(Collectives):
                 local = grad.to_local() if isinstance(grad, DTensor) else grad
                 local.mul_(coef.to(local.dtype))
         return total
-
-    def _global_norm(self, grads: list[torch.Tensor], order: float) -> torch.Tensor:
-        """The norm of the unsharded gradients from each rank's shards: one partial norm and
-        one count of nans per rank cross the ranks (gloo's MAX would drop a nan)."""
-        if PLANTED:  # PLANTED (COMM-2): gathers every gradient whole to take its norm
-            whole = [g.full_tensor() if isinstance(g, DTensor) else g for g in grads]
-            norms = [torch.linalg.vector_norm(g.float(), order) for g in whole]
-            if not norms:
-                return torch.zeros((), device=self._device)
-            return torch.linalg.vector_norm(torch.stack(norms), order)
-        local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
-        parts = torch.zeros(2, dtype=torch.float64, device=self._device)
-        for piece in local:
-            if piece.numel() == 0:
-                continue
-            piece = piece.detach().double().abs()
-            parts[1] += piece.isnan().sum()
-            parts[0] = (
-                torch.maximum(parts[0], piece.max())
-                if math.isinf(order)
-                else (parts[0] + piece.pow(order).sum())
-            )
-        if math.isinf(order):
-            dist.all_reduce(parts[:1], op=dist.ReduceOp.MAX)
-            dist.all_reduce(parts[1:], op=dist.ReduceOp.SUM)
-            total = parts[0]
-        else:
-            dist.all_reduce(parts, op=dist.ReduceOp.SUM)
-            replicas = self._mesh.size(0) if self._mesh is not None and self._mesh.ndim == 2 else 1
-            total = (parts[0] / replicas).pow(1.0 / order)
-        if parts[1] > 0:
-            total = torch.full_like(total, math.nan)
-        return total.float()
 
     # --- checkpoints --------------------------------------------------------------------
 

@@ -73,7 +73,7 @@ def full_model_state(module: nn.Module) -> dict[str, Any]:
     """The gathered model state dict on rank 0 (``{}`` elsewhere); a tied tensor is
     gathered once and stored under each of its names."""
     keep = _keeps_full_state()
-    first = {}
+    first: dict[int, str] = {}
     for name, param in module.named_parameters(remove_duplicate=False):
         first.setdefault(id(param), name)
     alias = {n: first[id(p)] for n, p in module.named_parameters(remove_duplicate=False)}

@@ -132,7 +132,7 @@ def _load_full_optimizer(optimizer: Optimizer, osd: dict[str, Any]) -> None:
     saved groups' ``params`` lists pair each key with a parameter by position."""
     groups = osd.get("param_groups", [])
     _samegroups_keyed(optimizer, groups)
-    by_key = {}
+    by_key: dict[Any, Any] = {}
     for group, saved in zip(optimizer.param_groups, groups, strict=True):
         by_key.update(zip(saved["params"], group["params"], strict=True))
     state = {}
@@ -204,7 +204,7 @@ def _optimizer_target(
     state: dict[Any, Any] = {}
     for name, param in zip(keys, params, strict=True):
         start = f"{prefix}state.{name}."
-        entry = {}
+        entry: dict[str, Any] = {}
         for fqn in (s for s in stored if s.startswith(start)):
             meta, what = stored[fqn], fqn[len(start) :]
             if not isinstance(meta, TensorStorageMetadata):

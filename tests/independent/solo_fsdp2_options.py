@@ -1,23 +1,35 @@
-"""The options of :mod:`independent.solo_fsdp2`, checked at construction, and its meta-device
-materialization. Each checker returns the option in the form the strategy uses or raises an
-error naming the value (``Unsupported`` for a valid value it does not implement).
+"""What :class:`independent.solo_fsdp2.SoloFSDP2Strategy` does without its own state: the
+option checks of construction (each returns the option in the form the strategy uses or
+raises an error naming the value, ``Unsupported`` for a valid value it does not implement),
+meta-device materialization and the global gradient norm of clipping.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+from torch.distributed.tensor import DTensor
 
 from harness import Unsupported
+from independent.solo_fsdp2_ckpt import PLANTED
 
-__all__ = ["materialize", "mesh_option", "offload_policy", "reshard_option", "wrap_policy"]
+__all__ = [
+    "global_grad_norm",
+    "materialize",
+    "mesh_option",
+    "offload_policy",
+    "reshard_option",
+    "wrap_policy",
+]
 
 
 def materialize(module: nn.Module, device: torch.device) -> None:
@@ -121,3 +133,39 @@ def mesh_option(value: Any, world: int) -> tuple[int, int] | DeviceMesh | None:
             f"device_mesh={value!r} covers {value[0] * value[1]} ranks, the world size is {world}."
         )
     return value
+
+
+def global_grad_norm(
+    grads: list[torch.Tensor], order: float, replicas: int, device: torch.device
+) -> torch.Tensor:
+    """The norm of the unsharded gradients from each rank's shards: one partial norm and
+    one count of nans per rank cross the ranks (gloo's MAX would drop a nan); HSDP's
+    ``replicas`` hold the same gradients and count once."""
+    if PLANTED:  # PLANTED (COMM-2): gathers every gradient whole to take its norm
+        whole = [g.full_tensor() if isinstance(g, DTensor) else g for g in grads]
+        norms = [torch.linalg.vector_norm(g.float(), order) for g in whole]
+        if not norms:
+            return torch.zeros((), device=device)
+        return torch.linalg.vector_norm(torch.stack(norms), order)
+    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+    parts = torch.zeros(2, dtype=torch.float64, device=device)
+    for piece in local:
+        if piece.numel() == 0:
+            continue
+        piece = piece.detach().double().abs()
+        parts[1] += piece.isnan().sum()
+        parts[0] = (
+            torch.maximum(parts[0], piece.max())
+            if math.isinf(order)
+            else (parts[0] + piece.pow(order).sum())
+        )
+    if math.isinf(order):
+        dist.all_reduce(parts[:1], op=dist.ReduceOp.MAX)
+        dist.all_reduce(parts[1:], op=dist.ReduceOp.SUM)
+        total = parts[0]
+    else:
+        dist.all_reduce(parts, op=dist.ReduceOp.SUM)
+        total = (parts[0] / replicas).pow(1.0 / order)
+    if parts[1] > 0:
+        total = torch.full_like(total, math.nan)
+    return total.float()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -14,8 +15,13 @@ import torch
 from suites.lib.controller.checkpoint_checks import check_refusal, tree_diff
 from suites.lib.controller.dispatch import run
 from suites.lib.controller.scenarios import job_world
-from suites.lib.ranks.checkpoint_jobs import ERROR_SPEC
-from suites.lib.ranks.checkpoint_refusal_jobs import load_contract_rank, unpickling_rank
+from suites.lib.controller.written import judged_if_it_fails
+from suites.lib.ranks.checkpoint_jobs import ERROR_SPEC, error_scenario
+from suites.lib.ranks.checkpoint_refusal_jobs import (
+    as_written,
+    load_contract_rank,
+    unpickling_rank,
+)
 from suites.lib.shared.models import build_model
 
 FAMILIES = ["fsdp", "model_parallel", "fsdp2"]
@@ -25,9 +31,19 @@ FAMILIES = ["fsdp", "model_parallel", "fsdp2"]
 @pytest.mark.parametrize("family", FAMILIES)
 def test_load_refuses_what_it_cannot_load(family: str, tmp_path: Path) -> None:
     bare = str(tmp_path / "weights.pt")
-    expected = build_model(ERROR_SPEC).state_dict()
-    torch.save(expected, bare)
-    results = run(load_contract_rank, family, str(tmp_path / "ckpts"), bare, world_size=job_world())
+    torch.save(build_model(ERROR_SPEC).state_dict(), bare)
+    directory, world = str(tmp_path / "ckpts"), job_world()
+    saved = error_scenario(family, world)
+    seen = f"saved at world size {world} ({family}, sharded)"
+    # a refusal met on a wrong file is the file's finding: when a check here fails, the
+    # directory is judged as written, by its entries (the job saves before any step, where
+    # the scenario's plan would train: the plain replay's values are not the file's)
+    with judged_if_it_fails("sharded", [(saved, as_written(directory))], where=seen, values=False):
+        results = run(load_contract_rank, family, directory, bare, world_size=world)
+        _check_refusals(family, results, build_model(ERROR_SPEC).state_dict())
+
+
+def _check_refusals(family: str, results: list[dict[str, Any]], expected: dict[str, Any]) -> None:
     for rank, out in enumerate(results):
         what = f"rank {rank} ({family})"
         check_refusal(out["empty"], ("ValueError",), "CKPT-LOAD-1", f"{what}, state={{}}")

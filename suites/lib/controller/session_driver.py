@@ -32,6 +32,7 @@ from suites.lib.controller.oracles import reference_model
 from suites.lib.controller.session_draws import COUNTS, covering_scenario
 from suites.lib.controller.session_twin import Expected, Snapshot, Twin, check_reads
 from suites.lib.controller.tolerances import TABLE
+from suites.lib.controller.written import judged_if_it_fails
 from suites.lib.shared.axes import HELD_GRADIENTS_LOAD as PENDING
 from suites.lib.shared.checkpoint_specs import ROUND_TRIP
 from suites.lib.shared.models import clean_name
@@ -179,11 +180,30 @@ class SessionDriver:
         # a segment that loads a checkpoint sees the state through the strategy's load: with a
         # round-trip finding already known, a failure here is blocked by it
         with looking(*ROUND_TRIP.values()) if _loads(segment) else contextlib.nullcontext():
-            out = run(self.job, segment, world_size=segment.scenario.world_size)
+            with self._judged_if_it_fails(segment.scenario, segment.probe):
+                out = run(self.job, segment, world_size=segment.scenario.world_size)
             check_reads(out, [*self.expected, end], segment.scenario, self.base.optim, loosest)
         self.expected = []
         segment.ops = []
         segment.moments = []
+
+    def _judged_if_it_fails(
+        self, scenario: Scenario, probe: str | None
+    ) -> contextlib.AbstractContextManager[None]:
+        """Around a segment's job: when it fails, the checkpoints the session wrote are judged
+        as written first (:func:`~suites.lib.controller.written.judged_if_it_fails`), so a
+        load that met a wrong file is that file's finding. The twin follows the session's
+        training step by step, not a scenario's, so the model's entries, shapes and dtypes
+        are judged (``values=False``); the values are the reads' own comparison."""
+        stack = contextlib.ExitStack()
+        files = [(saved.fmt, saved.path) for saved in self.saved.values()]
+        if probe is not None:
+            files.append((self.segment.fmt, probe))
+        for fmt in ("full", "sharded"):
+            saves = [(scenario, path) for f, path in files if f == fmt]
+            if saves:
+                stack.enter_context(judged_if_it_fails(fmt, saves, values=False))
+        return stack
 
     def do_train(self, micro: Micro, *, count: bool = True) -> None:
         op = Step(self.twin.steps, *micro)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +176,11 @@ class Payload:
         return touch, (self.marker,)
 
 
+def as_written(directory: str) -> str:
+    """Where :func:`load_contract_rank` keeps a copy of its sharded save as written."""
+    return os.path.join(directory, "sharded-as-written")
+
+
 def load_contract_rank(ctx: Any, family: str, directory: str, bare: str) -> dict[str, Any]:
     t = build(ctx, error_scenario(family, ctx.world_size), "sharded")
     sharded = os.path.join(directory, "sharded")
@@ -183,6 +189,9 @@ def load_contract_rank(ctx: Any, family: str, directory: str, bare: str) -> dict
     plain_dir = os.path.join(directory, "plain_dir")
     if ctx.rank == 0:
         os.makedirs(plain_dir, exist_ok=True)
+        # the directory as the save wrote it, before a shard is torn below: the controller
+        # judges it as written when a load here fails (see suites.lib.controller.written)
+        shutil.copytree(sharded, as_written(directory))
     t.strategy.barrier()
     missing = os.path.join(directory, "missing")
     out: dict[str, Any] = {

@@ -190,15 +190,16 @@ class SessionDriver:
     def _judged_if_it_fails(
         self, scenario: Scenario, probe: str | None
     ) -> contextlib.AbstractContextManager[None]:
-        """Around a segment's job: when it fails, the checkpoints the session wrote are judged
-        as written first (:func:`~suites.lib.controller.written.judged_if_it_fails`), so a
-        load that met a wrong file is that file's finding. The twin follows the session's
+        """Around a segment's job: when it fails, the checkpoints the session wrote (its saves,
+        the segment's rebuilds and the end's probe) are judged as written first
+        (:func:`~suites.lib.controller.written.judged_if_it_fails`), so a load that met a
+        wrong file is that file's finding. The twin follows the session's
         training step by step, not a scenario's, so the model's entries, shapes and dtypes
         are judged (``values=False``); the values are the reads' own comparison."""
         stack = contextlib.ExitStack()
         files = [(saved.fmt, saved.path) for saved in self.saved.values()]
-        if probe is not None:
-            files.append((self.segment.fmt, probe))
+        rebuilt = [op.path for op in self.segment.ops if isinstance(op, Rebuild)]
+        files += [(self.segment.fmt, path) for path in [*rebuilt, probe] if path is not None]
         for fmt in ("full", "sharded"):
             saves = [(scenario, path) for f, path in files if f == fmt]
             if saves:
